@@ -1,0 +1,207 @@
+"""The ``attnkit`` command.
+
+Usage errors (a bad option, a malformed value) print one line naming the option and exit with
+status 2; other failures print one line and exit with status 1. Set ``ATTNKIT_DEBUG=1`` to see
+the traceback of a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import unicodedata
+from collections.abc import Sequence
+
+import torch
+
+import attnkit
+from attnkit.attention import causal_mask, scaled_dot_product_attention
+
+
+class UsageError(Exception):
+    """A problem with what the user typed: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# --------------------------------------------------------------------------------------------
+# Plain-text tables that line up with Chinese characters (two columns wide on a terminal)
+# --------------------------------------------------------------------------------------------
+
+
+def _width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _cell(text: str, width: int, align: str = "right") -> str:
+    pad = " " * max(0, width - _width(text))
+    return pad + text if align == "right" else text + pad
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table with the first column left-aligned and the others right-aligned."""
+    columns = list(zip(header, *rows, strict=True))
+    widths = [max(_width(c) for c in column) for column in columns]
+    lines = []
+    for row in [header, *rows]:
+        cells = [
+            _cell(c, w, "left" if i == 0 else "right")
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# attnkit explain
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_scores(text: str) -> list[float]:
+    try:
+        scores = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--scores: expected comma-separated numbers such as 0.1,0.3,1.2, got {text!r}"
+        ) from None
+    if not all(math.isfinite(s) for s in scores):
+        raise UsageError(f"--scores: every score must be a finite number, got {text!r}")
+    return scores
+
+
+def _parse_tokens(text: str | None, count: int, option: str) -> list[str]:
+    if text is None:
+        return [f"t{i}" for i in range(count)]
+    tokens = [t.strip() for t in text.split(",")]
+    if len(tokens) != count:
+        raise UsageError(f"--tokens: got {len(tokens)} tokens for {count} {option}")
+    return tokens
+
+
+def explain_softmax(scores: list[float], tokens: list[str], d_k: int | None = None) -> str:
+    """The softmax of one row of scores as a table: score, (scaled), exp, weight, and the sum.
+
+    The weights come from attnkit's own attention (the math path): one query q = [1] against
+    keys k_j = [s_j] with scale 1 makes the scores exactly s_j (or s_j / sqrt(d_k)).
+    """
+    scale = 1.0 if d_k is None else 1.0 / math.sqrt(d_k)
+    q = torch.ones(1, 1, dtype=torch.float64)  # (N=1, d=1)
+    k = torch.tensor(scores, dtype=torch.float64).unsqueeze(1)  # (M, 1)
+    v = torch.eye(len(scores), dtype=torch.float64)  # (M, M): out = the weights themselves
+    _, weights = scaled_dot_product_attention(q, k, v, scale=scale, return_weights=True)
+    scaled = [s * scale for s in scores]
+    exps = [math.exp(s) for s in scaled]
+    header = ["token", "score"] + ([f"score/sqrt({d_k})"] if d_k else []) + ["exp", "weight"]
+    rows = []
+    for token, s, sc, e, w in zip(tokens, scores, scaled, exps, weights[0].tolist(), strict=True):
+        rows.append([token, f"{s:.4f}"] + ([f"{sc:.4f}"] if d_k else []) + [f"{e:.4f}", f"{w:.4f}"])
+    rows.append(
+        ["sum", ""] + ([""] if d_k else []) + [f"{sum(exps):.4f}", f"{sum(weights[0]):.4f}"]
+    )
+    formula = "weight_j = exp(s_j) / sum_i exp(s_i)"
+    if d_k:
+        formula = f"s_j = score_j / sqrt(d_k), d_k = {d_k};  " + formula
+    return f"softmax over {len(scores)} scores ({formula})\n\n" + format_table(header, rows)
+
+
+def explain_causal(n: int, tokens: list[str]) -> str:
+    """The causal mask of size n, as it is added to the scores: 0 = may attend, -inf = blocked."""
+    mask = causal_mask(n)
+    header = ["query \\ key", *tokens]
+    rows = [
+        [tokens[i], *("0" if allowed else "-inf" for allowed in mask[i].tolist())] for i in range(n)
+    ]
+    title = (
+        f"causal mask, {n} x {n}: query i may attend to keys j <= i "
+        "(0 is added to allowed scores, -inf to blocked ones, so softmax gives them weight 0)"
+    )
+    return title + "\n\n" + format_table(header, rows)
+
+
+def _cmd_explain(args: argparse.Namespace) -> None:
+    if args.scores is None and args.causal is None:
+        raise UsageError(
+            "explain: give --scores S1,S2,... or --causal N (see 'attnkit explain --help')"
+        )
+    parts = []
+    if args.scores is not None:
+        scores = _parse_scores(args.scores)
+        if args.d_k is not None and args.d_k <= 0:
+            raise UsageError(f"--d-k: must be a positive integer, got {args.d_k}")
+        tokens = _parse_tokens(args.tokens, len(scores), "scores")
+        parts.append(explain_softmax(scores, tokens, args.d_k))
+    if args.causal is not None:
+        if not 1 <= args.causal <= 64:
+            raise UsageError(f"--causal: the size must be between 1 and 64, got {args.causal}")
+        tokens = _parse_tokens(
+            args.tokens if args.scores is None else None, args.causal, "positions"
+        )
+        parts.append(explain_causal(args.causal, tokens))
+    print("\n\n".join(parts))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="attnkit",
+        description="attnkit: the Transformer, whole and open to inspection.",
+    )
+    parser.add_argument("--version", action="version", version=f"attnkit {attnkit.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    explain = commands.add_parser(
+        "explain",
+        help="show the numbers inside attention: a softmax table, a causal mask",
+        description=(
+            "Show the numbers inside attention. --scores prints the softmax of one row of "
+            "attention scores (score, exp, weight; the weights sum to 1). --causal N prints the "
+            "look-ahead mask of size N as it is added to the scores."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞\n"
+            "  attnkit explain --scores 2,8,4 --d-k 16\n"
+            "  attnkit explain --causal 4"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
+    explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
+    explain.add_argument(
+        "--d-k", type=int, metavar="D", help="treat the scores as raw q.k and divide by sqrt(D)"
+    )
+    explain.add_argument("--causal", type=int, metavar="N", help="print the causal mask of size N")
+    explain.set_defaults(handler=_cmd_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        args.handler(args)
+        return 0
+    except UsageError as error:
+        print(f"attnkit: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # one line, no traceback, unless asked for
+        if os.environ.get("ATTNKIT_DEBUG"):
+            raise
+        print(f"attnkit: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

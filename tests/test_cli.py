@@ -1,0 +1,93 @@
+"""The attnkit command: --help, --version, explain, and its exit codes."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+import attnkit
+from attnkit.cli import main
+
+
+def _rows(text):
+    return [line.split() for line in text.splitlines()]
+
+
+def test_explain_scores_prints_the_softmax_table(capsys):
+    scores = [0.1, 0.3, 0.2, 0.5, 0.1, 1.2]
+    tokens = ["今天", "下雨", "我", "没", "带", "伞"]
+    assert (
+        main(["explain", "--scores", ",".join(map(str, scores)), "--tokens", ",".join(tokens)]) == 0
+    )
+    out = capsys.readouterr().out
+    total = sum(math.exp(s) for s in scores)
+    rows = {row[0]: row for row in _rows(out) if row and row[0] in tokens}
+    for token, s in zip(tokens, scores, strict=True):
+        _, score, exp, weight = rows[token]
+        assert float(score) == pytest.approx(s)
+        assert float(exp) == pytest.approx(math.exp(s), abs=1e-4)
+        assert float(weight) == pytest.approx(math.exp(s) / total, abs=1e-4)
+    sum_row = next(row for row in _rows(out) if row and row[0] == "sum")
+    assert float(sum_row[-1]) == pytest.approx(1.0)
+    assert float(rows["下雨"][-1]) == pytest.approx(0.1384, abs=1e-4)  # the notes' self-test Q3
+    assert float(rows["没"][-1]) == pytest.approx(0.1691, abs=1e-4)
+
+
+def test_explain_scores_with_d_k_divides_by_its_root(capsys):
+    assert main(["explain", "--scores", "2,8,4", "--d-k", "16"]) == 0
+    rows = [row for row in _rows(capsys.readouterr().out) if row and row[0] in ("t0", "t1", "t2")]
+    assert [float(r[2]) for r in rows] == [0.5, 2.0, 1.0]
+    total = sum(math.exp(s) for s in (0.5, 2.0, 1.0))
+    assert float(rows[1][-1]) == pytest.approx(math.exp(2.0) / total, abs=1e-4)
+
+
+def test_explain_causal_prints_minus_inf_above_the_diagonal(capsys):
+    assert main(["explain", "--causal", "4"]) == 0
+    rows = [
+        row[1:]
+        for row in _rows(capsys.readouterr().out)
+        if row and row[0] in ("t0", "t1", "t2", "t3")
+    ]
+    assert rows == [
+        ["0", "-inf", "-inf", "-inf"],
+        ["0", "0", "-inf", "-inf"],
+        ["0", "0", "0", "-inf"],
+        ["0", "0", "0", "0"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explain"], "--scores"),
+        (["explain", "--scores", "1,x"], "--scores"),
+        (["explain", "--scores", "1,inf"], "finite"),
+        (["explain", "--scores", "1,2", "--tokens", "a"], "--tokens"),
+        (["explain", "--scores", "1,2", "--d-k", "0"], "--d-k"),
+        (["explain", "--causal", "0"], "--causal"),
+        (["explain", "--causal", "four"], "--causal"),
+        (["explain", "--no-such-option"], "--no-such-option"),
+        (["no-such-command"], "no-such-command"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_the_installed_command_help_and_version():
+    command = [sys.executable, "-m", "attnkit.cli"]
+    version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"attnkit {attnkit.__version__}"
+    help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True)
+    assert "explain" in help_text.stdout
+    explain_help = subprocess.run(
+        [*command, "explain", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--scores" in explain_help.stdout and "--causal" in explain_help.stdout
+    bad = subprocess.run([*command, "explain", "--causal", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
