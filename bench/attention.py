@@ -57,7 +57,7 @@ def _status_kib(field: str) -> int | None:
 
 
 def peak_extra_mib(fn) -> float | None:
-    """Resident memory that fn() adds at its peak, in MiB (None where Linux's counters are absent)."""
+    """Resident memory that fn() adds at its peak, in MiB (None without Linux's counters)."""
     gc.collect()
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
