@@ -7,7 +7,9 @@ import sys
 import pytest
 
 import attnkit
+import attnkit as ak
 from attnkit.cli import main
+from attnkit.config import PRESETS
 
 
 def _rows(text):
@@ -91,3 +93,16 @@ def test_the_installed_command_help_and_version():
     assert "--scores" in explain_help.stdout and "--causal" in explain_help.stdout
     bad = subprocess.run([*command, "explain", "--causal", "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_models_lists_presets_with_known_parameter_counts(capsys):
+    assert main(["models"]) == 0
+    rows = {row[0]: row for row in _rows(capsys.readouterr().out) if row}
+    count = {name: int(rows[name][-1].replace(",", "")) for name in rows if name in PRESETS}
+    assert count["gpt2-small"] == 124_439_808  # Hugging Face GPT-2 small, tied head
+    assert count["bert-base"] == 108_891_648  # BERT-base without the pooler
+    assert abs(count["paper-base"] - 65e6) / 65e6 < 0.05  # the paper's Table 3: 65M
+    assert abs(count["paper-big"] - 213e6) / 213e6 < 0.02  # and 213M
+    assert rows["paper-base"][1:6] == ["encoder-decoder", "6+6", "512", "8", "2048"]
+    with_pooler = ak.EncoderModel(ak.ModelConfig.preset("bert-base", pooler=True, max_len=512))
+    assert with_pooler.num_parameters() == 109_482_240

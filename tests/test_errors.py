@@ -50,3 +50,52 @@ CASES = [
 def test_bad_input_raises_a_clear_error(name, call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# --------------------------------------------------------------------------------------------
+# Models and configs: every check runs before any computation
+# --------------------------------------------------------------------------------------------
+
+cfg = ak.ModelConfig.preset("tiny", vocab_size=50, max_len=8)
+lm = ak.DecoderLM(cfg)
+mt = ak.Transformer(cfg)
+enc = ak.EncoderModel(cfg)
+ids = torch.tensor([[5, 6, 7]])
+
+MODEL_CASES = [
+    ("id too large", lambda: lm(torch.tensor([[5, 50]])), ValueError, r"token id 50, outside the vocabulary \[0, 50\)"),
+    ("negative id", lambda: enc(torch.tensor([[-1, 5]])), ValueError, "token id -1"),
+    ("float ids", lambda: lm(ids.float()), TypeError, "integer token ids"),
+    ("1-d ids", lambda: lm(torch.tensor([5, 6])), ValueError, r"\(B, N\)"),
+    ("empty batch", lambda: lm(torch.zeros(0, 3, dtype=torch.long)), ValueError, "empty"),
+    ("too long learned", lambda: lm(torch.ones(1, 9, dtype=torch.long)), ValueError, "max_len=8"),
+    ("too long sinusoidal src", lambda: ak.Transformer(cfg.replace(position="sinusoidal"))(torch.ones(1, 9, dtype=torch.long), ids), ValueError, "max_len=8"),
+    ("batch mismatch", lambda: mt(torch.ones(2, 3, dtype=torch.long), ids), ValueError, "same batch size"),
+    ("mask shape", lambda: lm(ids, torch.ones(1, 4, dtype=torch.bool)), ValueError, r"\(1, 3\)"),
+    ("float mask", lambda: enc(ids, torch.ones(1, 3)), TypeError, "bool"),
+    ("src mask shape", lambda: mt(ids, ids, src_mask=torch.ones(1, 2, dtype=torch.bool)), ValueError, "src_mask"),
+    ("tgt mask shape", lambda: mt(ids, ids, tgt_mask=torch.ones(2, 3, dtype=torch.bool)), ValueError, "tgt_mask"),
+    ("token types absent", lambda: enc(ids, token_type_ids=torch.zeros_like(ids)), ValueError, "type_vocab_size=0"),
+    ("classes", lambda: ak.EncoderClassifier(cfg, 1), ValueError, "num_classes"),
+    ("pooling", lambda: ak.EncoderClassifier(cfg, 2, pooling="max"), ValueError, "pooling"),
+    ("unknown preset", lambda: ak.ModelConfig.preset("gpt5"), ValueError, "unknown preset 'gpt5'"),
+    ("unknown field", lambda: ak.ModelConfig.preset("tiny", d_modle=64), ValueError, "d_modle"),
+    ("heads divide", lambda: ak.ModelConfig(d_model=64, n_heads=5), ValueError, "n_heads=5 must divide d_model=64"),
+    ("kv heads", lambda: ak.ModelConfig(n_kv_heads=3), ValueError, "n_kv_heads=3"),
+    ("norm choice", lambda: ak.ModelConfig(norm="middle"), ValueError, "norm must be one of"),
+    ("position choice", lambda: ak.ModelConfig(position="xpos"), ValueError, "position"),
+    ("dropout", lambda: ak.ModelConfig(dropout=1.0), ValueError, "dropout"),
+    ("pad id", lambda: ak.ModelConfig(vocab_size=10, pad_id=10), ValueError, "pad_id"),
+    ("window size", lambda: ak.ModelConfig(attention="window"), ValueError, "window"),
+    ("alibi linear", lambda: ak.ModelConfig(attention="linear", position="alibi"), ValueError, "ALiBi"),
+    ("experts", lambda: ak.ModelConfig(n_experts=2, moe_top_k=3), ValueError, "moe_top_k=3"),
+    ("from_dict unknown", lambda: ak.ModelConfig.from_dict({"layers": 2}), ValueError, "layers"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "error", "message"), MODEL_CASES, ids=[c[0] for c in MODEL_CASES]
+)
+def test_bad_model_input_raises_a_clear_error(name, call, error, message):
+    with pytest.raises(error, match=message):
+        call()

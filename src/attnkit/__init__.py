@@ -10,6 +10,16 @@ from attnkit.attention import (
     padding_mask,
     scaled_dot_product_attention,
 )
+from attnkit.config import ModelConfig
+from attnkit.layers import DecoderLayer, EncoderLayer, FeedForward, count_parameters
+from attnkit.models import (
+    DecoderCache,
+    DecoderLM,
+    EncoderClassifier,
+    EncoderModel,
+    Transformer,
+    shift_right,
+)
 from attnkit.position import (
     ALiBi,
     LearnedPositions,
@@ -24,16 +34,27 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALiBi",
+    "DecoderCache",
+    "DecoderLM",
+    "DecoderLayer",
+    "EncoderClassifier",
+    "EncoderLayer",
+    "EncoderModel",
+    "FeedForward",
     "KVCache",
     "LearnedPositions",
+    "ModelConfig",
     "MultiHeadAttention",
     "RotaryEmbedding",
     "SinusoidalPositions",
+    "Transformer",
     "__version__",
     "alibi_slopes",
     "causal_mask",
+    "count_parameters",
     "padding_mask",
     "positions_from_mask",
     "scaled_dot_product_attention",
+    "shift_right",
     "sinusoidal_table",
 ]

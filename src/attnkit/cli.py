@@ -18,6 +18,8 @@ import torch
 
 import attnkit
 from attnkit.attention import causal_mask, scaled_dot_product_attention
+from attnkit.config import PRESETS, ModelConfig
+from attnkit.models import DecoderLM, EncoderModel, Transformer
 
 
 class UsageError(Exception):
@@ -147,6 +149,56 @@ def _cmd_explain(args: argparse.Namespace) -> None:
     print("\n\n".join(parts))
 
 
+# --------------------------------------------------------------------------------------------
+# attnkit models
+# --------------------------------------------------------------------------------------------
+
+FAMILY_CLASSES = {
+    "encoder-only": EncoderModel,
+    "encoder-decoder": Transformer,
+    "decoder-only": DecoderLM,
+    "any": DecoderLM,  # "tiny" serves every family; counted as a decoder-only model
+}
+
+
+def preset_parameters(name: str) -> int:
+    """Parameters of a preset's model, counted on the meta device (no memory, no time)."""
+    cfg = ModelConfig.preset(name)
+    with torch.device("meta"):
+        model = FAMILY_CLASSES[PRESETS[name]["family"]](cfg)
+    return model.num_parameters()
+
+
+def models_table() -> str:
+    header = ["preset", "family", "layers", "d_model", "heads", "d_ff", "vocab", "parameters"]
+    rows = []
+    for name, spec in PRESETS.items():
+        cfg = ModelConfig.preset(name)
+        family = spec["family"]
+        layers = f"{cfg.n_layers}+{cfg.n_layers}" if family == "encoder-decoder" else cfg.n_layers
+        rows.append(
+            [
+                name,
+                "decoder-only*" if family == "any" else family,
+                str(layers),
+                str(cfg.d_model),
+                str(cfg.n_heads),
+                str(cfg.d_ff),
+                str(cfg.vocab_size),
+                f"{preset_parameters(name):,}",
+            ]
+        )
+    note = (
+        "\nparameters count each tied matrix once; bert-base is without the pooler "
+        "(with it: ModelConfig.preset('bert-base', pooler=True)); * tiny serves every family"
+    )
+    return format_table(header, rows) + note
+
+
+def _cmd_models(args: argparse.Namespace) -> None:
+    print(models_table())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit",
@@ -178,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--causal", type=int, metavar="N", help="print the causal mask of size N")
     explain.set_defaults(handler=_cmd_explain)
+
+    models = commands.add_parser(
+        "models",
+        help="list the model presets with their sizes and parameter counts",
+        description="List the named ModelConfig presets: family, sizes and parameter count.",
+    )
+    models.set_defaults(handler=_cmd_models)
     return parser
 
 

@@ -1,0 +1,320 @@
+"""ModelConfig: every choice a Transformer makes, in one typed, validated dataclass.
+
+One flat config serves all three families (encoder-only, encoder-decoder, decoder-only); named
+presets reproduce the paper's models and the well-known checkpoints::
+
+    cfg = ModelConfig.preset("paper-base")              # Table 3 of the paper, ~63M parameters
+    cfg = ModelConfig.preset("tiny", position="rope")   # any field can be overridden
+
+Impossible combinations fail on construction with a ValueError that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PRESETS", "ModelConfig"]
+
+NORMS = ("post", "pre")
+NORM_TYPES = ("layernorm", "rmsnorm")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+GELU_APPROXIMATIONS = ("none", "tanh")
+ATTENTIONS = ("full", "window", "linear")
+
+
+@dataclass
+class ModelConfig:
+    """The shape and the choices of one Transformer.
+
+    Sizes: ``vocab_size``, ``d_model`` (D), ``n_heads`` (h; d_k = d_v = D / h), ``n_layers`` (per
+    stack: the encoder-decoder has ``n_layers`` of each), ``d_ff`` (the FFN's inner width),
+    ``max_len`` (longest sequence for absolute positions; also the KV cache's default size).
+
+    Choices: ``norm`` is where LayerNorm sits, ``"post"`` (the paper: LayerNorm(x + Sublayer(x)))
+    or ``"pre"`` (x + Sublayer(LayerNorm(x)), with a final norm after the stack); ``norm_type``
+    LayerNorm or RMSNorm; ``position`` how order enters; ``activation`` of the FFN;
+    ``tie_embeddings`` shares the token embedding with the output projection (and, in the
+    encoder-decoder, between source and target: the paper's three-way tying).
+    """
+
+    vocab_size: int = 512
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 256
+    max_len: int = 128
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    pad_id: int = 0
+    bos_id: int | None = 1
+    eos_id: int | None = 2
+    norm: str = "pre"
+    norm_type: str = "layernorm"
+    norm_eps: float = 1e-5
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    activation: str = "gelu"
+    gelu_approximation: str = "none"
+    bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper)
+    embedding_norm: bool = False  # a norm right after the embeddings (BERT)
+    type_vocab_size: int = 0  # token types (BERT's segment A / B); 0 = none
+    pooler: bool = False  # BERT's pooler: tanh(W h_[CLS] + b), used by the classifier
+    n_kv_heads: int | None = None  # None = n_heads; fewer = grouped-query attention
+    attention: str = "full"
+    window: int | None = None
+    n_experts: int = 0  # 0 = a dense FFN
+    moe_top_k: int = 2
+    label_smoothing: float = 0.0  # recorded for training (the paper: 0.1)
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+            _positive_int(name, getattr(self, name))
+        for name, choices in (
+            ("norm", NORMS),
+            ("norm_type", NORM_TYPES),
+            ("position", POSITIONS),
+            ("activation", ACTIVATIONS),
+            ("gelu_approximation", GELU_APPROXIMATIONS),
+            ("attention", ATTENTIONS),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"ModelConfig.{name} must be one of {choices}, got {value!r}")
+        for name in ("dropout", "attention_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a number in [0, 1), got {value!r}")
+        if not isinstance(self.norm_eps, int | float) or not self.norm_eps > 0:
+            raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"ModelConfig: n_heads={self.n_heads} must divide d_model={self.d_model}"
+            )
+        if self.n_kv_heads is not None:
+            _positive_int("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(
+                    f"ModelConfig: n_heads={self.n_heads} must be a multiple of "
+                    f"n_kv_heads={self.n_kv_heads}"
+                )
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
+            )
+        if self.position == "rope" and self.d_head % 2:
+            raise ValueError(
+                f"ModelConfig: rope needs an even head width, got d_head={self.d_head}"
+            )
+        if self.position == "rope" and not self.rope_theta > 1:
+            raise ValueError(f"ModelConfig.rope_theta must be > 1, got {self.rope_theta!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if value is None and name != "pad_id":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value < self.vocab_size
+            ):
+                raise ValueError(
+                    f"ModelConfig.{name} must be a token id in [0, vocab_size={self.vocab_size}), "
+                    f"got {value!r}"
+                )
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(
+                f"ModelConfig.type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}"
+            )
+        if self.attention == "window":
+            if self.window is None:
+                raise ValueError("ModelConfig: attention='window' needs window=<int >= 1>")
+            _positive_int("window", self.window)
+        if self.attention == "linear" and self.position == "alibi":
+            raise ValueError("ModelConfig: ALiBi cannot be combined with linear attention")
+        if not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise ValueError(f"ModelConfig.n_experts must be an int >= 0, got {self.n_experts!r}")
+        if self.n_experts:
+            _positive_int("moe_top_k", self.moe_top_k)
+            if self.moe_top_k > self.n_experts:
+                raise ValueError(
+                    f"ModelConfig: moe_top_k={self.moe_top_k} exceeds n_experts={self.n_experts}"
+                )
+        if self.attention != "full" or self.n_experts:
+            raise ValueError(
+                "ModelConfig: attention='window'/'linear' and n_experts > 0 are not implemented "
+                "yet in this version of attnkit; use attention='full' and n_experts=0"
+            )
+
+    @property
+    def d_head(self) -> int:
+        """d_k = d_v = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    # ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named configuration, with any field overridden: ``preset("tiny", n_layers=4)``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        _check_fields(overrides, f"preset {name!r}")
+        values = {**PRESETS[name]["config"], **overrides}
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        _check_fields(changes, "ModelConfig.replace")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        if not isinstance(values, dict):
+            raise TypeError(f"ModelConfig.from_dict expects a dict, got {type(values).__name__}")
+        _check_fields(values, "ModelConfig.from_dict")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return cls.from_dict(json.loads(text))
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+
+
+def _check_fields(values: dict[str, Any], where: str) -> None:
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+
+
+_PAPER = dict(
+    vocab_size=37000,  # the paper's shared source-target BPE vocabulary (section 5.1)
+    d_model=512,
+    n_heads=8,
+    n_layers=6,
+    d_ff=2048,
+    max_len=1024,
+    dropout=0.1,
+    norm="post",
+    position="sinusoidal",
+    activation="relu",
+    tie_embeddings=True,  # source embedding = target embedding = output projection
+    scale_embeddings=True,  # "we multiply those weights by sqrt(d_model)" (section 3.4)
+    label_smoothing=0.1,
+)
+
+# Each preset: the family it is meant for (for `attnkit models`) and its config values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper-base": {"family": "encoder-decoder", "config": _PAPER},
+    "paper-big": {
+        "family": "encoder-decoder",
+        "config": {**_PAPER, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},
+    },
+    "gpt2-small": {
+        "family": "decoder-only",
+        "config": dict(
+            vocab_size=50257,
+            d_model=768,
+            n_heads=12,
+            n_layers=12,
+            d_ff=3072,
+            max_len=1024,
+            dropout=0.1,
+            attention_dropout=0.1,
+            norm="pre",
+            position="learned",
+            activation="gelu",
+            gelu_approximation="tanh",
+            tie_embeddings=True,
+            pad_id=50256,
+            bos_id=50256,
+            eos_id=50256,
+        ),
+    },
+    "bert-base": {
+        "family": "encoder-only",
+        "config": dict(
+            vocab_size=30522,
+            d_model=768,
+            n_heads=12,
+            n_layers=12,
+            d_ff=3072,
+            max_len=512,
+            dropout=0.1,
+            attention_dropout=0.1,
+            norm="post",
+            norm_eps=1e-12,
+            position="learned",
+            activation="gelu",
+            embedding_norm=True,
+            type_vocab_size=2,
+            tie_embeddings=False,
+            pad_id=0,
+            bos_id=101,  # [CLS]
+            eos_id=102,  # [SEP]
+        ),
+    },
+    "lm-small": {
+        "family": "decoder-only",
+        "config": dict(
+            vocab_size=8192,
+            d_model=256,
+            n_heads=8,
+            n_layers=4,
+            d_ff=1024,
+            max_len=256,
+            norm="pre",
+            position="learned",
+            activation="gelu",
+            tie_embeddings=True,
+        ),
+    },
+    "mt-small": {
+        "family": "encoder-decoder",
+        "config": dict(
+            vocab_size=8192,
+            d_model=256,
+            n_heads=8,
+            n_layers=3,
+            d_ff=1024,
+            max_len=256,
+            norm="post",
+            position="sinusoidal",
+            activation="relu",
+            tie_embeddings=True,
+            scale_embeddings=True,
+        ),
+    },
+    "tiny": {
+        "family": "any",
+        "config": dict(
+            vocab_size=512,
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            d_ff=256,
+            max_len=128,
+            norm="pre",
+            position="learned",
+            activation="gelu",
+        ),
+    },
+}

@@ -1,0 +1,222 @@
+"""The parts every Transformer layer is built from: the feed-forward network, norms, and the
+encoder and decoder layers in the paper's Post-LN order or the modern Pre-LN order.
+
+::
+
+    Post-LN (the paper)                      Pre-LN (GPT-2, Llama, most modern models)
+    x -> Sublayer -> + -> LayerNorm ->       x -> LayerNorm -> Sublayer -> + ->
+    |________________^                       |__________________________^
+
+    EncoderLayer: self-attention, FFN              (2 sublayers)
+    DecoderLayer: masked self-attention, cross-attention over the encoder output, FFN
+                  (3 sublayers; without cross-attention for decoder-only models)
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.attention import KVCache, MultiHeadAttention
+from attnkit.config import ModelConfig
+from attnkit.position import ALiBi, RotaryEmbedding
+
+__all__ = ["DecoderLayer", "EncoderLayer", "FeedForward", "count_parameters", "make_norm"]
+
+
+class FeedForward(nn.Module):
+    r"""The position-wise feed-forward network (the paper's eq. 2), applied to each token alone::
+
+        FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                  activation="relu" (the paper)
+        FFN(x) = GELU(x W_1 + b_1) W_2 + b_2                    activation="gelu" (BERT, GPT-2)
+        FFN(x) = (SiLU(x W_gate) * (x W_up)) W_down             activation="swiglu" (Llama)
+
+    ``up`` is W_1 (d_model -> d_ff), ``down`` is W_2 (d_ff -> d_model), ``gate`` exists only for
+    SwiGLU.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        *,
+        bias: bool = True,
+        gelu_approximation: str = "none",
+    ) -> None:
+        super().__init__()
+        if activation not in ("relu", "gelu", "swiglu"):
+            raise ValueError(
+                f"FeedForward: activation must be 'relu', 'gelu' or 'swiglu', got {activation!r}"
+            )
+        self.activation = activation
+        self.gelu_approximation = gelu_approximation
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:
+            hidden = F.silu(self.gate(x)) * self.up(x)  # (B, N, d_ff)
+        elif self.activation == "gelu":
+            hidden = F.gelu(self.up(x), approximate=self.gelu_approximation)
+        else:
+            hidden = F.relu(self.up(x))
+        return self.down(hidden)  # (B, N, d_model)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (the paper) or RMSNorm (Llama): ``x / rms(x) * g``, no mean, no bias."""
+    if cfg.norm_type == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _attention(cfg: ModelConfig, positional: bool = True) -> MultiHeadAttention:
+    """Multi-head attention as the config asks; RoPE / ALiBi only where positions mean something
+    (self-attention: queries and keys from one sequence)."""
+    rope = alibi = None
+    if positional and cfg.position == "rope":
+        rope = RotaryEmbedding(cfg.d_head, base=cfg.rope_theta)
+    if positional and cfg.position == "alibi":
+        alibi = ALiBi(cfg.n_heads)
+    return MultiHeadAttention(
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        bias=cfg.bias,
+        dropout=cfg.attention_dropout,
+        rope=rope,
+        alibi=alibi,
+    )
+
+
+def _ffn(cfg: ModelConfig) -> FeedForward:
+    return FeedForward(
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.activation,
+        bias=cfg.bias,
+        gelu_approximation=cfg.gelu_approximation,
+    )
+
+
+class _Sublayers(nn.Module):
+    """Residual + norm around each sublayer, in the order the config asks for."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def residual(self, x: Tensor, norm: nn.Module, sublayer) -> tuple[Tensor, Tensor | None]:
+        """Post-LN: ``LN(x + Dropout(Sublayer(x)))``; Pre-LN: ``x + Dropout(Sublayer(LN(x)))``.
+
+        ``sublayer`` returns (output, attention weights or None).
+        """
+        if self.pre_norm:
+            out, weights = sublayer(norm(x))
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)
+        return norm(x + self.dropout(out)), weights
+
+
+class EncoderLayer(_Sublayers):
+    """Self-attention -> Add & Norm -> FFN -> Add & Norm (or Pre-LN order)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.self_attn = _attention(cfg)
+        self.norm1 = make_norm(cfg)
+        self.ffn = _ffn(cfg)
+        self.norm2 = make_norm(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, N, D), mask broadcastable to (B, H, N, N) (True = may attend).
+
+        Returns (x, self-attention weights (B, H, N, N) or None).
+        """
+
+        def attend(h):
+            out = self.self_attn(h, mask=mask, positions=positions, return_weights=return_weights)
+            return out if return_weights else (out, None)
+
+        x, weights = self.residual(x, self.norm1, attend)
+        x, _ = self.residual(x, self.norm2, lambda h: (self.ffn(h), None))
+        return x, weights
+
+
+class DecoderLayer(_Sublayers):
+    """Masked self-attention -> Add & Norm -> [cross-attention -> Add & Norm] -> FFN -> Add & Norm.
+
+    ``cross_attention=False`` drops the middle sublayer: the decoder-only (GPT) layer.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True) -> None:
+        super().__init__(cfg)
+        self.self_attn = _attention(cfg)
+        self.norm1 = make_norm(cfg)
+        self.cross_attn = _attention(cfg, positional=False) if cross_attention else None
+        self.norm2 = make_norm(cfg) if cross_attention else None
+        self.ffn = _ffn(cfg)
+        self.norm3 = make_norm(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, N, D); memory (B, M, D), the encoder output (needed iff the layer has
+        cross-attention). The self-attention is causal (bottom-right aligned with a cache);
+        ``self_mask`` adds key padding; ``memory_mask`` masks the source's padding.
+
+        Returns (x, self-attention weights, cross-attention weights), weights None unless asked.
+        """
+        if (memory is None) != (self.cross_attn is None):
+            raise ValueError(
+                "DecoderLayer: memory (the encoder output) must be given exactly when the layer "
+                f"has cross-attention (cross_attention={self.cross_attn is not None})"
+            )
+
+        def self_attend(h):
+            out = self.self_attn(
+                h,
+                mask=self_mask,
+                is_causal=True,
+                positions=positions,
+                cache=cache,
+                return_weights=return_weights,
+            )
+            return out if return_weights else (out, None)
+
+        def cross_attend(h):
+            out = self.cross_attn(
+                h, memory, mask=memory_mask, cache=cross_cache, return_weights=return_weights
+            )
+            return out if return_weights else (out, None)
+
+        x, self_weights = self.residual(x, self.norm1, self_attend)
+        cross_weights = None
+        if self.cross_attn is not None:
+            x, cross_weights = self.residual(x, self.norm2, cross_attend)
+        x, _ = self.residual(x, self.norm3, lambda h: (self.ffn(h), None))
+        return x, self_weights, cross_weights
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters (a tied weight counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
