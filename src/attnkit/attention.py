@@ -148,8 +148,8 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, n: int, m: int, like: Tensor):
     """One mask from a user mask and the causal flag: bool if both are bool, else additive float."""
-    if not is_causal:
-        return mask
+    if not is_causal or n == 1 <= m:
+        return mask  # (one query, the last position, sees every key: nothing to mask)
     causal = causal_mask(n, m, device=like.device)  # (N, M)
     if mask is None:
         return causal

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.attention import KVCache
 from attnkit.config import ModelConfig
+from attnkit.generation import generate
 from attnkit.layers import DecoderLayer, EncoderLayer, count_parameters, make_norm
 from attnkit.position import LearnedPositions, SinusoidalPositions, positions_from_mask
 
@@ -287,6 +288,8 @@ class EncoderModel(_Model):
     """BERT-style encoder: ``model(input_ids, attention_mask=None, token_type_ids=None)`` ->
     hidden states (B, N, d_model)."""
 
+    family = "encoder-only"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -393,6 +396,8 @@ class Transformer(_Model):
     With ``tie_embeddings`` source embedding = target embedding = output projection.
     """
 
+    family = "encoder-decoder"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -487,6 +492,41 @@ class Transformer(_Model):
             batch_size, max_len or self.cfg.max_len, memory_len=src_len, **kw
         )
 
+    def generate(
+        self,
+        src_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        src_mask: Tensor | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        eos_id: int | None = None,
+        use_cache: bool = True,
+        seed: int | None = None,
+    ) -> Tensor:
+        """Translate: target tokens (B, 1 + T), BOS first, each row filled with pad_id after its
+        EOS. The encoder runs once; with the cache each layer's cross-attention keys and values
+        are computed once per source. Options as in :func:`attnkit.generation.generate`."""
+        return generate(
+            self,
+            src_ids,
+            max_new_tokens,
+            attention_mask=src_mask,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            seed=seed,
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # Decoder-only
@@ -500,6 +540,8 @@ class DecoderLM(_Model):
     With a ``cache`` (from :meth:`new_cache`), ``input_ids`` are the next positions only and
     ``attention_mask``, if given, covers the cached positions plus the new ones.
     """
+
+    family = "decoder-only"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -539,3 +581,38 @@ class DecoderLM(_Model):
     def new_cache(self, batch_size: int, max_len: int | None = None, **kw) -> DecoderCache:
         """Empty per-layer KV caches for up to ``max_len`` positions (default cfg.max_len)."""
         return self.decoder.new_cache(batch_size, max_len or self.cfg.max_len, **kw)
+
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: Tensor | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        eos_id: int | None = None,
+        use_cache: bool = True,
+        seed: int | None = None,
+    ) -> Tensor:
+        """Continue the prompts: (B, N + T), the prompt followed by the new tokens, each row
+        filled with pad_id after its EOS. Prompts of different lengths go left-padded with an
+        ``attention_mask``. Options as in :func:`attnkit.generation.generate`."""
+        return generate(
+            self,
+            input_ids,
+            max_new_tokens,
+            attention_mask=attention_mask,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            seed=seed,
+        )

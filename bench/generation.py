@@ -1,0 +1,122 @@
+"""Greedy generation speed: attnkit's DecoderLM with its KV cache against Hugging Face's
+GPT2LMHeadModel.generate(use_cache=True), the same weights, in the same process.
+
+The ``lm-small`` preset (vocab 8192, d_model 256, 8 heads, 4 layers, d_ff 1024, learned
+positions, Pre-LN, GELU, tied), random weights, batch 1, a 32-token prompt, 256 new tokens.
+Prints tokens/s for both, their ratio, and attnkit's milliseconds per token over tokens 1-64
+against tokens 193-256 (a cache that grew by copying would make late tokens slower).
+
+    python bench/generation.py [--new-tokens 256] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import attnkit as ak
+from attnkit.interop import gpt2_to_hf
+
+
+def build(seed: int = 0):
+    """lm-small with random weights, and GPT-2 (sdpa attention) holding the same weights."""
+    # max_len 512: the 32-token prompt plus 256 new tokens exceed lm-small's 256 positions
+    cfg = ak.ModelConfig.preset("lm-small", max_len=512, eos_id=None, bos_id=None)
+    torch.manual_seed(seed)
+    ours = ak.DecoderLM(cfg).eval()
+    hf_config, state = gpt2_to_hf(ours)
+    config = transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
+    ref = transformers.GPT2LMHeadModel(config).eval()
+    ref.load_state_dict(state, strict=False)
+    return ours, ref
+
+
+def timed(model, run) -> tuple[list[int], list[float], float]:
+    """Run ``run()`` once; return its tokens, the time between successive LM-head calls (one
+    per generated token), and the total time."""
+    stamps: list[float] = []
+    handle = model.lm_head.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
+    start = time.perf_counter()
+    tokens = run()
+    total = time.perf_counter() - start
+    handle.remove()
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return tokens, gaps, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt", type=int, default=32, help="prompt length")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = parser.parse_args()
+
+    ours, ref = build()
+    prompt = torch.randint(0, 8192, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    new = args.new_tokens
+
+    def run_ours():
+        return ours.generate(prompt, new)[0, args.prompt :].tolist()
+
+    def run_hf():
+        with torch.no_grad():
+            out = ref.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                use_cache=True,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        return out[0, args.prompt :].tolist()
+
+    run_ours(), run_hf()  # warm-up
+    speed = {"attnkit": [], "hf": []}
+    gaps_ours: list[list[float]] = []
+    tokens = {}
+    for _ in range(args.repeats):
+        for name, model, run in (("attnkit", ours, run_ours), ("hf", ref, run_hf)):
+            toks, gaps, total = timed(model, run)
+            tokens[name] = toks
+            speed[name].append(new / total)
+            if name == "attnkit":
+                gaps_ours.append(gaps)
+    ours_tps, hf_tps = statistics.median(speed["attnkit"]), statistics.median(speed["hf"])
+    early = statistics.median(statistics.mean(g[:63]) for g in gaps_ours) * 1000
+    late = statistics.median(statistics.mean(g[-63:]) for g in gaps_ours) * 1000
+    same = tokens["attnkit"] == tokens["hf"]
+    print(
+        f"greedy generation, lm-small, batch 1, prompt {args.prompt}, {new} new tokens, "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}"
+    )
+    print(f"  attnkit (KV cache)               {ours_tps:8.1f} tokens/s")
+    print(f"  Hugging Face GPT-2 generate      {hf_tps:8.1f} tokens/s")
+    print(f"  ratio attnkit / Hugging Face     {ours_tps / hf_tps:8.2f}x")
+    print(f"  attnkit ms/token, tokens 2-64    {early:8.3f}")
+    print(f"  attnkit ms/token, last 63 tokens {late:8.3f}  ({late / early - 1:+.1%})")
+    print(f"  same tokens as Hugging Face      {same}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        figures = {
+            "attnkit_tokens_per_s": ours_tps,
+            "hf_tokens_per_s": hf_tps,
+            "ratio": ours_tps / hf_tps,
+            "early_ms_per_token": early,
+            "late_ms_per_token": late,
+            "same_tokens": same,
+        }
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,448 @@
+"""Making text: greedy decoding, sampling (temperature, top-k, top-p) and beam search, with or
+without the KV cache, for the decoder-only and the encoder-decoder models.
+
+Both families are driven through one small interface, a *stepper*: ``start()`` returns the
+logits for the first new token, ``step(tokens)`` feeds the chosen tokens and returns the next
+logits, ``reorder(index)`` keeps the chosen rows (beam search). With the cache a step runs the
+model on one position per sequence; without it the whole sequence is run again each step (the
+reference that the cache is tested against).
+
+Beam search follows fairseq's sequence generator: a hypothesis' score is the sum of its tokens'
+log-probabilities; a finished hypothesis (one that produced EOS, or reached the length limit) is
+ranked by ``score / length ** length_penalty``, where ``length`` counts the generated tokens
+(EOS included, the prompt or BOS not); each step looks at the 2 x beam best candidates so that
+hypotheses ending in EOS do not starve the beam; a sentence stops when no running hypothesis
+can beat its best finished one any more.
+
+``length_penalty``: 0 ranks by the raw sum (which favours short outputs, as every token adds a
+negative log-probability); 1.0 (the default) ranks by the mean log-probability per token; larger
+values favour longer outputs further. Hugging Face's formula is the same, but for decoder-only
+models its ``length`` includes the prompt; attnkit's never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["BeamHypothesis", "beam_search", "generate", "sample_next"]
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing the next token
+# --------------------------------------------------------------------------------------------
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Draw one token per row of logits (B, V): ``softmax(logits / temperature)`` restricted to
+    the ``top_k`` most likely tokens and to the smallest set whose probability reaches
+    ``top_p`` (nucleus sampling); the most likely token always stays in."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass strictly before each token
+        drop_sorted = before >= top_p  # the first token has 0 before it: always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample):
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not isinstance(temperature, int | float) or not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, int | float) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be a positive int, got {num_beams!r}")
+    if num_beams > 1 and do_sample:
+        raise ValueError("num_beams > 1 is beam search; it cannot be combined with do_sample=True")
+
+
+# --------------------------------------------------------------------------------------------
+# Steppers: one per family, with and without the cache
+# --------------------------------------------------------------------------------------------
+
+
+class _DecoderLMStepper:
+    """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding)."""
+
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache):
+        self.model, self.use_cache = model, use_cache
+        self.device = input_ids.device
+        self.ids = input_ids
+        self.mask = attention_mask
+        dtype = next(model.parameters()).dtype
+        self.cache = (
+            model.new_cache(
+                input_ids.shape[0],
+                input_ids.shape[1] + max_new_tokens,
+                dtype=dtype,
+                device=input_ids.device,
+            )
+            if use_cache
+            else None
+        )
+
+    def start(self) -> Tensor:
+        return self.model(self.ids, self.mask, cache=self.cache)[:, -1]  # (B, V)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        tokens = tokens.unsqueeze(1)  # (B, 1)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
+        if self.use_cache:
+            return self.model(tokens, self.mask, cache=self.cache)[:, -1]
+        self.ids = torch.cat([self.ids, tokens], dim=1)
+        return self.model(self.ids, self.mask)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.ids = self.ids.index_select(0, index)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+
+class _TransformerStepper:
+    """Feeds the encoder-decoder: the encoder runs once; the decoder starts from BOS."""
+
+    def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache):
+        self.model, self.use_cache = model, use_cache
+        self.device = src_ids.device
+        self.src_mask = src_mask
+        self.memory = model.encode(src_ids, src_mask)  # (B, S, D), computed once
+        b = src_ids.shape[0]
+        self.tgt = torch.full((b, 1), model.cfg.bos_id, dtype=torch.long, device=src_ids.device)
+        self.cache = (
+            model.new_cache(
+                b,
+                src_ids.shape[1],
+                1 + max_new_tokens,
+                dtype=self.memory.dtype,
+                device=src_ids.device,
+            )
+            if use_cache
+            else None
+        )
+
+    def start(self) -> Tensor:
+        return self.model.decode(self.tgt, self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        tokens = tokens.unsqueeze(1)  # (B, 1)
+        self.tgt = torch.cat([self.tgt, tokens], dim=1)
+        feed = tokens if self.use_cache else self.tgt
+        return self.model.decode(feed, self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.tgt = self.tgt.index_select(0, index)
+        self.memory = self.memory.index_select(0, index)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy and sampling
+# --------------------------------------------------------------------------------------------
+
+
+def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose) -> Tensor:
+    """Generate up to max_new_tokens per row; a row that produced EOS is filled with pad_id.
+    Stops early once every row has finished. Returns the new tokens (B, T)."""
+    device = stepper.device
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    new_tokens = []
+    logits = stepper.start()
+    for t in range(max_new_tokens):
+        tokens = choose(logits)  # (B,)
+        tokens = tokens.masked_fill(finished, pad_id)
+        new_tokens.append(tokens)
+        if eos_id is not None:
+            finished |= tokens == eos_id
+            if bool(finished.all()):
+                break
+        if t + 1 < max_new_tokens:
+            logits = stepper.step(tokens)
+    return torch.stack(new_tokens, dim=1)  # (B, T)
+
+
+# --------------------------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BeamHypothesis:
+    """One finished hypothesis: its generated tokens, raw score (sum of log-probabilities) and
+    the normalised score it is ranked by."""
+
+    tokens: list[int]
+    score: float
+    normalized: float
+
+
+def _beam_search(stepper, batch, k, max_new_tokens, eos_id, length_penalty, on_finish=None):
+    """Beam search for ``batch`` sentences of ``k`` rows each (the stepper holds B * k rows).
+
+    Returns, per sentence, the finished hypotheses sorted best first.
+    """
+    device = stepper.device
+
+    def normalized(score: float, length: int) -> float:
+        return score / (length**length_penalty)
+
+    def best_possible(score: float, length: int) -> float:
+        """The best normalised score any continuation of a running hypothesis can reach: its raw
+        score can only fall, and the length can grow up to max_new_tokens."""
+        if length_penalty > 0:
+            return score / (max_new_tokens**length_penalty)
+        return score / ((length + 1) ** length_penalty)
+
+    scores = torch.zeros(batch, k, device=device)
+    scores[:, 1:] = float("-inf")  # all k rows start identical: expand only the first
+    sequences: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(batch)]
+    finished: list[list[BeamHypothesis]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    logits = stepper.start()  # (B * k, V)
+    for t in range(max_new_tokens):
+        length = t + 1
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        vocab = log_probs.shape[-1]
+        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+        n_cand = min(2 * k, candidates.shape[1])
+        top_scores, top_index = candidates.topk(n_cand, dim=-1)  # (B, 2k)
+        top_scores, top_index = top_scores.tolist(), top_index.tolist()
+        next_rows, next_tokens, next_scores = [], [], []
+        new_sequences = []
+        for b in range(batch):
+            kept: list[tuple[int, int, float]] = []  # (source beam, token, score)
+            if not done[b]:
+                for j in range(n_cand):
+                    score = top_scores[b][j]
+                    if score == float("-inf"):
+                        break
+                    beam, token = divmod(top_index[b][j], vocab)
+                    tokens = [*sequences[b][beam], token]
+                    if eos_id is not None and token == eos_id:
+                        if j < k:  # as fairseq: only EOS among the top k candidates finishes
+                            hyp = BeamHypothesis(tokens, score, normalized(score, length))
+                            finished[b].append(hyp)
+                            if on_finish is not None:
+                                on_finish(b, hyp)
+                        continue
+                    if len(kept) < k:
+                        kept.append((beam, token, score))
+            if done[b] or not kept:  # keep the row shape: dummy rows that stay at -inf
+                kept = [(0, eos_id if eos_id is not None else 0, float("-inf"))] * k
+                done[b] = True
+            while len(kept) < k:
+                kept.append((kept[0][0], kept[0][1], float("-inf")))
+            new_sequences.append([[*sequences[b][beam], token] for beam, token, _ in kept])
+            for beam, token, score in kept:
+                next_rows.append(b * k + beam)
+                next_tokens.append(token)
+                next_scores.append(score)
+        sequences = new_sequences
+        scores = torch.tensor(next_scores, device=device).view(batch, k)
+        last = t + 1 == max_new_tokens
+        for b in range(batch):
+            if done[b]:
+                continue
+            running = [s for s in scores[b].tolist() if s != float("-inf")]
+            if last:  # the length limit finishes every running hypothesis
+                for seq, s in zip(sequences[b], scores[b].tolist(), strict=True):
+                    if s != float("-inf"):
+                        hyp = BeamHypothesis(seq, s, normalized(s, length))
+                        finished[b].append(hyp)
+                        if on_finish is not None:
+                            on_finish(b, hyp)
+                done[b] = True
+            elif finished[b]:
+                best = max(h.normalized for h in finished[b])
+                if not running or best >= max(best_possible(s, length) for s in running):
+                    done[b] = True
+        if all(done):
+            break
+        index = torch.tensor(next_rows, device=device)
+        stepper.reorder(index)
+        logits = stepper.step(torch.tensor(next_tokens, device=device))
+    return [sorted(f, key=lambda h: h.normalized, reverse=True) for f in finished]
+
+
+@contextmanager
+def _eval_mode(model):
+    """Dropout off while generating; the model's mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    num_beams: int,
+    attention_mask: Tensor | None = None,
+    length_penalty: float = 1.0,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    on_finish: Callable[[int, BeamHypothesis], None] | None = None,
+) -> list[list[BeamHypothesis]]:
+    """Beam search, returning every finished hypothesis of each input, best first.
+
+    ``on_finish(row, hypothesis)`` is called for each hypothesis as it finishes (for
+    inspection). ``model.generate(..., num_beams=k)`` returns the best of these as tokens.
+    """
+    _check_options(max_new_tokens, 1.0, None, None, num_beams, False)
+    eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
+    with _eval_mode(model):
+        stepper = _stepper(model, input_ids, attention_mask, num_beams, max_new_tokens, use_cache)
+        return _beam_search(
+            stepper,
+            input_ids.shape[0],
+            num_beams,
+            max_new_tokens,
+            eos_id,
+            length_penalty,
+            on_finish,
+        )
+
+
+def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
+    """Check the model and the request; return the EOS id to stop at."""
+    cfg = getattr(model, "cfg", None)
+    family = getattr(model, "family", None)
+    if cfg is None or family not in ("decoder-only", "encoder-decoder"):
+        raise TypeError(f"generate needs a DecoderLM or a Transformer, got {type(model).__name__}")
+    eos_id = cfg.eos_id if eos_id is None else eos_id
+    if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
+        raise ValueError(f"eos_id must be a token id in [0, {cfg.vocab_size}), got {eos_id}")
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a (B, N) tensor of token ids, got {got}")
+    is_lm = family == "decoder-only"
+    if cfg.position in ("learned", "sinusoidal"):
+        needed = (input_ids.shape[1] if is_lm else 1) + max_new_tokens
+        if needed > cfg.max_len:
+            what = f"the prompt ({input_ids.shape[1]} tokens)" if is_lm else "BOS"
+            raise ValueError(
+                f"cannot generate {max_new_tokens} new tokens: {what} plus the new tokens need "
+                f"{needed} positions, but this model's {cfg.position} positions stop at "
+                f"max_len={cfg.max_len}; lower max_new_tokens to at most "
+                f"{cfg.max_len - needed + max_new_tokens}"
+            )
+    if not is_lm and cfg.bos_id is None:
+        raise ValueError("Transformer.generate needs cfg.bos_id to start the target")
+    return eos_id
+
+
+def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache):
+    """A stepper over k copies of each input row (k > 1: beam search)."""
+    rows = input_ids.repeat_interleave(k, dim=0) if k > 1 else input_ids  # (B k, N)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask.bool().repeat_interleave(k, dim=0) if k > 1 else mask.bool()
+    is_lm = model.family == "decoder-only"
+    stepper_cls = _DecoderLMStepper if is_lm else _TransformerStepper
+    return stepper_cls(model, rows, mask, max_new_tokens, use_cache)
+
+
+# --------------------------------------------------------------------------------------------
+# The entry point behind DecoderLM.generate and Transformer.generate
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    attention_mask: Tensor | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    seed: int | None = None,
+) -> Tensor:
+    """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
+    Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
+    tokens with BOS first). Rows that finish (EOS) are filled with ``pad_id``; generation stops
+    early once every row has finished. See the module docstring for the decoding rules."""
+    _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
+    eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
+    cfg = model.cfg
+    batch = input_ids.shape[0]
+    if num_beams > 1:
+        hypotheses = beam_search(
+            model,
+            input_ids,
+            max_new_tokens,
+            num_beams=num_beams,
+            attention_mask=attention_mask,
+            length_penalty=length_penalty,
+            eos_id=eos_id,
+            use_cache=use_cache,
+        )
+        longest = max(len(h[0].tokens) for h in hypotheses)
+        new = torch.full((batch, longest), cfg.pad_id, dtype=torch.long)
+        for b, hyps in enumerate(hypotheses):
+            new[b, : len(hyps[0].tokens)] = torch.tensor(hyps[0].tokens)
+        new = new.to(input_ids.device)  # (B, T)
+    else:
+        if do_sample:
+            generator = torch.Generator(device=input_ids.device)
+            generator.manual_seed(seed if seed is not None else torch.seed())
+
+            def choose(logits):
+                return sample_next(
+                    logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+                )
+        else:
+
+            def choose(logits):
+                return logits.argmax(dim=-1)
+
+        with _eval_mode(model):
+            stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)
+            new = _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose)
+
+    if model.family == "decoder-only":
+        return torch.cat([input_ids, new], dim=1)  # (B, N + T)
+    bos = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=input_ids.device)
+    return torch.cat([bos, new], dim=1)  # (B, 1 + T)
