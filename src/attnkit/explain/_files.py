@@ -1,0 +1,63 @@
+"""Atomic writes: a report or picture is either the old file or the whole new one, never half.
+
+Each writer puts its bytes in a temporary file in the destination's own directory (so the rename
+never crosses a file system) and then ``os.replace``-s it over the destination, which is atomic
+on POSIX and on Windows. If writing fails, the temporary file is removed and the destination is
+left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_path", "atomic_write_text"]
+
+
+def _destination(path: str | os.PathLike[str], owner: str) -> Path:
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{owner}: path must be a str or os.PathLike, got {type(path).__name__}")
+    dest = Path(path)
+    if dest.is_dir():
+        raise ValueError(f"{owner}: path {str(dest)!r} is a directory, expected a file name")
+    if not dest.parent.is_dir():
+        raise ValueError(
+            f"{owner}: the directory {str(dest.parent)!r} of path {str(dest)!r} does not exist"
+        )
+    return dest
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read the umask is to set it and put it back
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], owner: str = "write") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
+
+    >>> with atomic_path("plot.png") as tmp:   # doctest: +SKIP
+    ...     figure.savefig(tmp, format="png")
+    """
+    dest = _destination(path, owner)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        # mkstemp makes the file private (0600); give it the mode a plain open() would have.
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, owner: str = "write") -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return the destination path."""
+    with atomic_path(path, owner) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)

@@ -1,0 +1,540 @@
+"""An interactive attention report: ONE self-contained HTML file that works offline.
+
+``render_attention_html(sections, path)`` writes a page where you choose an attention (encoder
+self-attention, decoder self-attention, cross-attention, ...), a layer and a head (or the mean
+of the heads), and see its weight matrix as a grid of coloured cells: row i is query token i,
+column j key token j, and the colour is the weight ``softmax(q_i k_j^T / sqrt(d_k))``. Hovering
+a query token (or any cell of its row) highlights the row and lists its weights as numbers.
+The selection is kept in the address (``report.html#section=0&layer=1&head=2``, ``head=mean``),
+so a view can be shared as a link. PNG pictures can be shown below, linked by relative path.
+
+Offline and safe by construction:
+
+- all CSS and JavaScript are inline; nothing is fetched (no CDN), and a Content-Security-Policy
+  forbids scripts, styles and connections from anywhere else;
+- tokens are data, never markup: the weights and tokens travel as JSON in a
+  ``<script type="application/json">`` block, with ``<``, ``>`` and ``&`` written as ``\\u003c``
+  ``\\u003e`` ``\\u0026`` so no token can close the block; the page reads it with
+  ``JSON.parse`` and puts tokens on the page only through ``textContent`` (never
+  ``innerHTML``); the title, notes and captions are HTML-escaped;
+- the file is written to a temporary name and renamed, so it is never half-written.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attnkit.explain._attentions import select_example
+from attnkit.explain._checks import as_array, check_positive_int, check_tokens
+from attnkit.explain._files import atomic_write_text
+
+__all__ = ["attention_sections", "render_attention_html"]
+
+PathLike = str | os.PathLike[str]
+
+_SECTION_KEYS = {"name", "query_tokens", "key_tokens", "weights", "description"}
+_WEIGHTS_SHAPE = (
+    "(L, H, N, M) = (layers, heads, queries, keys) (one layer (H, N, M): weights[None])"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# From a model's attentions to report sections
+# --------------------------------------------------------------------------------------------
+
+
+def attention_sections(
+    attentions,
+    tokens: Sequence[str] | None = None,
+    *,
+    src_tokens: Sequence[str] | None = None,
+    tgt_tokens: Sequence[str] | None = None,
+    index: int = 0,
+) -> list[dict[str, Any]]:
+    """Report sections from a model's ``return_attention=True`` output, for batch element ``index``.
+
+    - a list of (B, H, N, M) tensors (encoder-only or decoder-only models) with ``tokens``: one
+      section "self-attention";
+    - the encoder-decoder dict ``{"encoder", "decoder", "cross"}`` with ``src_tokens`` and
+      ``tgt_tokens``: "encoder self-attention" (src x src), "decoder self-attention"
+      (tgt x tgt) and "cross-attention" (tgt queries x src keys).
+    """
+    owner = "attention_sections"
+    example = select_example(attentions, index, owner)
+    if isinstance(example, list):
+        if tokens is None:
+            raise ValueError(f"{owner}: tokens are required for a list of attentions")
+        return [{"name": "self-attention", "query_tokens": tokens, "weights": example}]
+    names = {
+        "encoder": ("encoder self-attention", src_tokens, src_tokens),
+        "decoder": ("decoder self-attention", tgt_tokens, tgt_tokens),
+        "cross": ("cross-attention", tgt_tokens, src_tokens),
+    }
+    sections = []
+    for key, layers in example.items():
+        name, queries, keys = names[key]
+        if queries is None or keys is None:
+            raise ValueError(
+                f"{owner}: attentions[{key!r}] needs "
+                + ("src_tokens" if key == "encoder" else "tgt_tokens")
+                + ("" if key != "cross" else " and src_tokens")
+            )
+        sections.append(
+            {"name": name, "query_tokens": queries, "key_tokens": keys, "weights": layers}
+        )
+    return sections
+
+
+# --------------------------------------------------------------------------------------------
+# Checking and packing the data
+# --------------------------------------------------------------------------------------------
+
+
+def _pack_section(section, number: int, decimals: int) -> dict[str, Any]:
+    """One section as plain JSON data: tokens, shape and the weights flattened, rounded."""
+    owner = "render_attention_html"
+    where = f"sections[{number}]"
+    if not isinstance(section, Mapping):
+        raise TypeError(f"{owner}: {where} must be a dict, got {type(section).__name__}")
+    unknown = sorted(set(section) - _SECTION_KEYS)
+    missing = sorted({"name", "query_tokens", "weights"} - set(section))
+    if unknown or missing:
+        problem = f"unknown keys {unknown}" if unknown else f"no keys {missing}"
+        raise ValueError(
+            f"{owner}: {where} has {problem}; expected name, query_tokens, weights "
+            f"(L, H, N, M), and optionally key_tokens, description"
+        )
+    name = section["name"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{owner}: {where}['name'] must be a non-empty string, got {name!r}")
+    description = section.get("description", "")
+    if not isinstance(description, str):
+        raise TypeError(f"{owner}: {where}['description'] must be a string")
+    weights = as_array(section["weights"], owner, f"{where}['weights']", 4, _WEIGHTS_SHAPE)
+    layers, heads, n, m = weights.shape
+    if min(weights.shape) == 0:
+        raise ValueError(f"{owner}: {where}['weights'] is empty, shape {weights.shape}")
+    queries = check_tokens(
+        section["query_tokens"],
+        owner,
+        f"{where}['query_tokens']",
+        n,
+        f"weights of shape {weights.shape} has N={n} query rows",
+    )
+    keys = section.get("key_tokens")
+    keys = check_tokens(
+        queries if keys is None else keys,
+        owner,
+        f"{where}['key_tokens']",
+        m,
+        f"weights of shape {weights.shape} has M={m} key columns",
+    )
+    flat = [round(float(w), decimals) for w in weights.reshape(-1)]
+    return {
+        "name": name,
+        "description": description,
+        "query_tokens": queries,
+        "key_tokens": keys,
+        "shape": [layers, heads, n, m],
+        "weights": flat,
+    }
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that is safe inside <script type="application/json">: no '<', '>' or '&' at all.
+
+    Those three only occur inside JSON strings (tokens), where ``\\u003c`` etc. mean the same
+    characters; so ``</script>`` and ``<!--`` cannot appear, whatever the tokens are.
+    """
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escape)
+    return text
+
+
+def _image_href(image: PathLike, report_dir: Path) -> str:
+    """A relative URL for a picture beside the report; anything that would fetch is refused."""
+    text = os.fspath(image)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"render_attention_html: images: expected a file path, got {image!r}")
+    scheme = urllib.parse.urlsplit(text).scheme
+    if (scheme and not re.fullmatch(r"[A-Za-z]", scheme)) or text.startswith("//"):
+        raise ValueError(
+            f"render_attention_html: images: {text!r} is a URL; the report is offline, so "
+            f"give the path of a file, relative to the report or absolute"
+        )
+    path = Path(text)
+    if path.is_absolute():
+        path = Path(os.path.relpath(path, report_dir.resolve()))
+    return urllib.parse.quote(path.as_posix(), safe="/")
+
+
+def _images(images, report_dir: Path) -> list[tuple[str, str]]:
+    """``images`` as (href, caption) pairs: each a path, or a (path, caption) pair."""
+    pairs = []
+    for number, item in enumerate(images):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+            image, caption = item
+        elif isinstance(item, str | os.PathLike):
+            image, caption = item, Path(os.fspath(item)).name
+        else:
+            raise TypeError(
+                f"render_attention_html: images[{number}] must be a path or a (path, caption) "
+                f"pair, got {item!r}"
+            )
+        pairs.append((_image_href(image, report_dir), caption))
+    return pairs
+
+
+# --------------------------------------------------------------------------------------------
+# The page
+# --------------------------------------------------------------------------------------------
+
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src 'self' data: file:; base-uri 'none'; form-action 'none'"
+)
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", "Noto Sans CJK SC",
+  "WenQuanYi Zen Hei", "Microsoft YaHei", "PingFang SC", sans-serif; margin: 1.5rem;
+  color: #1d1d1f; background: #fff; }
+h1 { font-size: 1.4rem; margin: 0 0 .5rem; }
+.notes p { max-width: 60rem; line-height: 1.45; }
+.controls { display: flex; flex-wrap: wrap; gap: 1rem; align-items: center; margin: 1rem 0; }
+.controls label { font-weight: 600; }
+.controls select { margin-left: .35rem; font-size: 1rem; }
+#section-info { color: #555; margin: .25rem 0 1rem; }
+.viewer { display: flex; flex-wrap: wrap; gap: 1.5rem; align-items: flex-start; }
+.grid-wrap { overflow: auto; max-width: 100%; max-height: 85vh; }
+#attention-grid { border-collapse: collapse; --cell: 26px; }
+#attention-grid td { width: var(--cell); height: var(--cell); min-width: var(--cell);
+  padding: 0; border: 1px solid #fff; text-align: center; font-size: 10px;
+  font-variant-numeric: tabular-nums; cursor: crosshair; }
+#attention-grid th { font-weight: normal; font-size: 13px; white-space: nowrap; padding: 2px 4px; }
+#attention-grid th.key { writing-mode: vertical-rl; text-orientation: sideways;
+  text-align: left; vertical-align: bottom;
+  max-height: 9rem; overflow: hidden; text-overflow: ellipsis; }
+#attention-grid th.query { text-align: right; max-width: 14rem; overflow: hidden;
+  text-overflow: ellipsis; cursor: pointer; }
+#attention-grid tr.active th.query, #attention-grid th.key.active { background: #ffe08a; }
+#attention-grid tr.active td { outline: 1px solid #d29b00; }
+#attention-grid th.corner { font-size: 11px; color: #777; }
+#row-details { min-width: 16rem; max-width: 26rem; }
+#row-details h2 { font-size: 1.05rem; margin: 0 0 .5rem; }
+#row-details table { border-collapse: collapse; width: 100%; }
+#row-details td { padding: 1px 6px; font-size: 13px; }
+#row-details td.weight { text-align: right; font-variant-numeric: tabular-nums; }
+#row-details td.bar-cell { width: 9rem; }
+#row-details .bar { height: 10px; background: #2f6fb3; }
+.hint { color: #777; }
+.legend { font-size: 12px; color: #555; margin-top: .5rem; }
+figure { display: inline-block; margin: 0 1.5rem 1.5rem 0; vertical-align: top; }
+figure img { max-width: min(100%, 720px); border: 1px solid #ddd; }
+figcaption { font-size: 13px; color: #444; max-width: 720px; }
+"""
+
+# The viewer. Tokens reach the page only through textContent and new Option(text, value).
+_JS = """
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("attnkit-data").textContent);
+  var sections = data.sections;
+  var sectionSelect = document.getElementById("section-select");
+  var layerSelect = document.getElementById("layer-select");
+  var headSelect = document.getElementById("head-select");
+  var showNumbers = document.getElementById("show-numbers");
+  var grid = document.getElementById("attention-grid");
+  var details = document.getElementById("row-details");
+  var info = document.getElementById("section-info");
+  var legend = document.getElementById("grid-legend");
+  var current = null;  // {section, rows: [[w]], max}
+
+  function el(tag, className, text) {
+    var node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function shown(token) {  // whitespace made visible, never empty
+    if (token === "") return "\\u2205";
+    if (token.trim() === "") return "\\u2423".repeat(token.length);
+    return token;
+  }
+  function fillSelect(select, labels, values) {
+    select.replaceChildren();
+    for (var i = 0; i < labels.length; i++) select.appendChild(new Option(labels[i], values[i]));
+  }
+  function matrix(sec, layer, head) {
+    var H = sec.shape[1], N = sec.shape[2], M = sec.shape[3], w = sec.weights, rows = [];
+    for (var i = 0; i < N; i++) {
+      var row = [];
+      for (var j = 0; j < M; j++) {
+        if (head === "mean") {
+          var sum = 0;
+          for (var h = 0; h < H; h++) sum += w[((layer * H + h) * N + i) * M + j];
+          row.push(sum / H);
+        } else {
+          row.push(w[((layer * H + head) * N + i) * M + j]);
+        }
+      }
+      rows.push(row);
+    }
+    return rows;
+  }
+  function readHash() {
+    var state = {section: 0, layer: 0, head: 0};
+    var params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    ["section", "layer"].forEach(function (key) {
+      var value = parseInt(params.get(key), 10);
+      if (!isNaN(value)) state[key] = value;
+    });
+    var head = params.get("head");
+    if (head === "mean") state.head = "mean";
+    else if (head !== null && !isNaN(parseInt(head, 10))) state.head = parseInt(head, 10);
+    return state;
+  }
+  function clamp(value, n) { return Math.min(Math.max(value, 0), n - 1); }
+  function apply(state) {
+    var s = clamp(state.section, sections.length);
+    sectionSelect.value = String(s);
+    var sec = sections[s];
+    var layers = [], heads = [], headValues = [];
+    for (var l = 0; l < sec.shape[0]; l++) layers.push(String(l));
+    fillSelect(layerSelect, layers.map(function (l) { return "layer " + l; }), layers);
+    for (var h = 0; h < sec.shape[1]; h++) { heads.push("head " + h); headValues.push(String(h)); }
+    heads.push("mean of heads"); headValues.push("mean");
+    fillSelect(headSelect, heads, headValues);
+    layerSelect.value = String(clamp(state.layer, sec.shape[0]));
+    headSelect.value = state.head === "mean" ? "mean" : String(clamp(state.head, sec.shape[1]));
+    draw();
+  }
+  function selected() {
+    var head = headSelect.value === "mean" ? "mean" : parseInt(headSelect.value, 10);
+    return {section: parseInt(sectionSelect.value, 10),
+            layer: parseInt(layerSelect.value, 10), head: head};
+  }
+  function draw() {
+    var state = selected();
+    var sec = sections[state.section];
+    var rows = matrix(sec, state.layer, state.head);
+    var max = 0;
+    rows.forEach(function (row) { row.forEach(function (w) { if (w > max) max = w; }); });
+    current = {section: sec, rows: rows, max: max};
+    var hash = "#section=" + state.section + "&layer=" + state.layer + "&head=" + state.head;
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+    info.textContent = sec.name + ": " + sec.shape[0] + " layers, " + sec.shape[1] + " heads, " +
+      sec.shape[2] + " queries \\u00d7 " + sec.shape[3] + " keys" +
+      (sec.description ? ". " + sec.description : "");
+    var M = sec.shape[3];
+    grid.style.setProperty("--cell", Math.max(10, Math.min(30, Math.floor(720 / M))) + "px");
+    var numbers = showNumbers.checked;
+    grid.replaceChildren();
+    var head = el("tr");
+    head.appendChild(el("th", "corner", "query \\\\ key"));
+    sec.key_tokens.forEach(function (token, j) {
+      var th = el("th", "key", shown(token));
+      th.setAttribute("data-col", String(j));
+      th.title = token;
+      head.appendChild(th);
+    });
+    grid.appendChild(head);
+    rows.forEach(function (row, i) {
+      var tr = el("tr");
+      tr.setAttribute("data-row", String(i));
+      var th = el("th", "query", shown(sec.query_tokens[i]));
+      th.tabIndex = 0;
+      th.title = sec.query_tokens[i];
+      tr.appendChild(th);
+      row.forEach(function (w, j) {
+        var td = el("td");
+        var alpha = max > 0 ? Math.max(0, w) / max : 0;
+        td.style.backgroundColor = "rgba(47, 111, 179, " + alpha.toFixed(3) + ")";
+        td.style.color = alpha > 0.55 ? "#fff" : "#222";
+        td.setAttribute("data-col", String(j));
+        td.setAttribute("data-weight", w.toFixed(4));
+        td.title = sec.query_tokens[i] + " \\u2192 " + sec.key_tokens[j] + ": " + w.toFixed(4);
+        if (numbers) td.textContent = w.toFixed(2).replace(/^0\\./, ".");
+        tr.appendChild(td);
+      });
+      grid.appendChild(tr);
+    });
+    legend.textContent = "Colour: weight / " + max.toFixed(4) +
+      " (the largest weight shown). Each row sums to 1 (0 for a query that may attend to nothing).";
+    showRow(null);
+  }
+  function showRow(i, col) {
+    grid.querySelectorAll(".active").forEach(function (node) { node.classList.remove("active"); });
+    details.replaceChildren();
+    if (i === null || current === null) {
+      details.appendChild(el("p", "hint", "Hover a query token (a row) to see its weights."));
+      return;
+    }
+    var sec = current.section, row = current.rows[i];
+    var tr = grid.querySelector('tr[data-row="' + i + '"]');
+    if (tr) tr.classList.add("active");
+    if (col !== undefined) {
+      var key = grid.querySelector('th.key[data-col="' + col + '"]');
+      if (key) key.classList.add("active");
+    }
+    var title = el("h2");
+    title.appendChild(document.createTextNode("query " + i + ": "));
+    title.appendChild(el("span", "token", shown(sec.query_tokens[i])));
+    details.appendChild(title);
+    var table = el("table");
+    table.id = "row-weights";
+    var total = 0;
+    row.forEach(function (w, j) {
+      total += w;
+      var tr = el("tr");
+      tr.appendChild(el("td", "key", shown(sec.key_tokens[j])));
+      var barCell = el("td", "bar-cell");
+      var bar = el("div", "bar");
+      bar.style.width = (current.max > 0 ? 100 * Math.max(0, w) / current.max : 0) + "%";
+      barCell.appendChild(bar);
+      tr.appendChild(barCell);
+      tr.appendChild(el("td", "weight", w.toFixed(4)));
+      table.appendChild(tr);
+    });
+    details.appendChild(table);
+    details.appendChild(el("p", "legend", "sum of the row: " + total.toFixed(4)));
+  }
+  grid.addEventListener("mouseover", function (event) {
+    var tr = event.target.closest("tr[data-row]");
+    if (!tr) return;
+    var cell = event.target.closest("td");
+    var col = cell ? cell.getAttribute("data-col") : undefined;
+    showRow(parseInt(tr.getAttribute("data-row"), 10), col === null ? undefined : col);
+  });
+  grid.addEventListener("focusin", function (event) {
+    var tr = event.target.closest("tr[data-row]");
+    if (tr) showRow(parseInt(tr.getAttribute("data-row"), 10));
+  });
+  sectionSelect.addEventListener("change", function () {
+    apply({section: parseInt(sectionSelect.value, 10), layer: 0, head: 0});
+  });
+  layerSelect.addEventListener("change", draw);
+  headSelect.addEventListener("change", draw);
+  showNumbers.addEventListener("change", draw);
+  window.addEventListener("hashchange", function () { apply(readHash()); });
+  if (sections.length === 0) return;
+  fillSelect(sectionSelect, sections.map(function (s) { return s.name; }),
+             sections.map(function (s, i) { return String(i); }));
+  apply(readHash());
+})();
+"""
+
+
+def _page(title: str, packed: list[dict], images: list[tuple[str, str]], notes) -> str:
+    """The whole HTML document as a string."""
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{e(_CSP)}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="generator" content="attnkit">',
+        f"<title>{e(title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{e(title)}</h1>",
+    ]
+    if notes:
+        parts.append('<div class="notes">')
+        parts.extend(f"<p>{e(note)}</p>" for note in notes)
+        parts.append("</div>")
+    if packed:
+        numbers = "checked " if max(s["shape"][3] for s in packed) <= 20 else ""
+        parts += [
+            '<section id="attention-viewer">',
+            "<noscript><p>The attention grid needs JavaScript; the pictures below do not.</p>"
+            "</noscript>",
+            '<div class="controls">',
+            '<label>attention <select id="section-select"></select></label>',
+            '<label>layer <select id="layer-select"></select></label>',
+            '<label>head <select id="head-select"></select></label>',
+            f'<label><input type="checkbox" id="show-numbers" {numbers}/> numbers</label>',
+            "</div>",
+            '<p id="section-info"></p>',
+            '<div class="viewer">',
+            '<div class="grid-wrap"><table id="attention-grid"></table>',
+            '<p class="legend" id="grid-legend"></p></div>',
+            '<aside id="row-details"></aside>',
+            "</div>",
+            "</section>",
+        ]
+    if images:
+        parts.append('<section id="pictures"><h2>Pictures</h2>')
+        for href, caption in images:
+            parts.append(
+                f'<figure><a href="{e(href)}"><img src="{e(href)}" alt="{e(caption)}" '
+                f'loading="lazy"></a><figcaption>{e(caption)}</figcaption></figure>'
+            )
+        parts.append("</section>")
+    if packed:
+        data = _json_for_script({"sections": packed})
+        parts.append(f'<script type="application/json" id="attnkit-data">{data}</script>')
+        parts.append(f"<script>{_JS}</script>")
+    parts += ["</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+def render_attention_html(
+    sections: Sequence[Mapping[str, Any]],
+    path: PathLike,
+    *,
+    title: str = "attnkit: attention",
+    images: Sequence[PathLike | tuple[PathLike, str]] = (),
+    notes: Sequence[str] = (),
+    decimals: int = 4,
+) -> Path:
+    """Write the interactive attention report to ``path`` (one offline HTML file); return it.
+
+    Args:
+        sections: one dict per attention to show, e.g.
+            ``{"name": "cross-attention", "query_tokens": tgt, "key_tokens": src,
+            "weights": w}``, with ``w`` of shape (L, H, N, M) (a tensor, an array, nested lists,
+            or a list of L tensors (H, N, M)); ``key_tokens`` defaults to ``query_tokens``
+            (self-attention); an optional ``"description"`` is shown under the selectors.
+            :func:`attention_sections` builds these from a model's attentions. May be empty
+            when the report only shows pictures.
+        path: the HTML file to write.
+        title: the page title (plain text).
+        images: PNG pictures to show and link below the viewer: paths relative to the report's
+            directory (or absolute paths, made relative), each optionally a
+            ``(path, caption)`` pair. URLs are refused: the report is offline.
+        notes: paragraphs of plain text shown under the title.
+        decimals: weights are rounded to this many decimals in the file.
+    """
+    owner = "render_attention_html"
+    if isinstance(sections, Mapping) or not isinstance(sections, Sequence):
+        raise TypeError(f"{owner}: sections must be a list of dicts, got {type(sections).__name__}")
+    if not isinstance(title, str):
+        raise TypeError(f"{owner}: title must be a string, got {type(title).__name__}")
+    if isinstance(notes, str) or not all(isinstance(n, str) for n in notes):
+        raise TypeError(f"{owner}: notes must be a list of strings, got {notes!r}")
+    if isinstance(images, str | os.PathLike):
+        raise TypeError(f"{owner}: images must be a list of paths, got a single {images!r}")
+    check_positive_int(owner, "decimals", decimals)
+    if not sections and not images:
+        raise ValueError(f"{owner}: nothing to show: sections and images are both empty")
+    packed = [_pack_section(section, i, decimals) for i, section in enumerate(sections)]
+    report_dir = Path(path).parent
+    page = _page(title, packed, _images(images, report_dir), list(notes))
+    return atomic_write_text(path, page, owner)
