@@ -11,6 +11,7 @@ from attnkit.attention import (
     scaled_dot_product_attention,
 )
 from attnkit.config import ModelConfig
+from attnkit.interop.pretrained import from_pretrained
 from attnkit.layers import DecoderLayer, EncoderLayer, FeedForward, count_parameters
 from attnkit.models import (
     DecoderCache,
@@ -52,6 +53,7 @@ __all__ = [
     "alibi_slopes",
     "causal_mask",
     "count_parameters",
+    "from_pretrained",
     "padding_mask",
     "positions_from_mask",
     "scaled_dot_product_attention",

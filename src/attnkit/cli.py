@@ -223,6 +223,80 @@ def _cmd_models(args: argparse.Namespace) -> None:
     print(models_table())
 
 
+# --------------------------------------------------------------------------------------------
+# attnkit generate
+# --------------------------------------------------------------------------------------------
+
+
+def _load_model(path: str, option: str):
+    """from_pretrained, with a missing or unreadable path reported as a usage error."""
+    from attnkit.interop import from_pretrained
+
+    try:
+        return from_pretrained(path)
+    except (FileNotFoundError, ValueError, TypeError) as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> None:
+    from attnkit.interop import load_tokenizer_for
+
+    positional = list(args.args)
+    path = args.checkpoint or args.model
+    option = "--checkpoint" if args.checkpoint else "--model" if args.model else "CHECKPOINT"
+    if path is None:
+        if not positional:
+            raise UsageError("generate: give a model directory and a prompt (see --help)")
+        path = positional.pop(0)
+    if len(positional) != 1:
+        raise UsageError(f"generate: expected one prompt, got {len(positional)} arguments")
+    prompt = positional[0]
+    model = _load_model(path, option)
+    if getattr(model, "family", None) != "decoder-only":
+        raise UsageError(
+            f"{option}: {path} holds a {type(model).__name__}; generate needs a decoder-only "
+            "language model"
+        )
+    tokenizer = load_tokenizer_for(path)
+    if tokenizer is None:
+        raise UsageError(f"{option}: {path} has no tokenizer.json to turn the prompt into ids")
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        if model.cfg.bos_id is None:
+            raise UsageError("generate: the prompt is empty and the model has no BOS token")
+        ids = [model.cfg.bos_id]
+    prompt_ids = torch.tensor([ids])
+    new_ids: list[int] = []
+    shown = ""
+
+    def stream(tokens):
+        nonlocal shown
+        if not new_ids:
+            print(prompt, end="", flush=True)
+        new_ids.append(int(tokens[0]))
+        text = tokenizer.decode(new_ids)
+        print(text[len(shown) :], end="", flush=True)
+        shown = text
+
+    try:
+        out = model.generate(
+            prompt_ids,
+            args.max_new_tokens,
+            do_sample=not args.greedy and args.beam == 1,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            num_beams=args.beam,
+            seed=args.seed,
+            on_token=stream if args.beam == 1 else None,
+        )
+    except ValueError as error:
+        raise UsageError(f"generate: {error}") from None
+    if args.beam > 1:
+        print(prompt + tokenizer.decode(out[0, len(ids) :].tolist()), end="")
+    print()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit",
@@ -267,6 +341,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the named ModelConfig presets: family, sizes and parameter count.",
     )
     models.set_defaults(handler=_cmd_models)
+
+    generate = commands.add_parser(
+        "generate",
+        help="continue a prompt with a decoder-only model, streaming the tokens",
+        description=(
+            "Continue a prompt with a decoder-only language model, printing each token as it "
+            "is made. The model is a directory that attnkit wrote (a training checkpoint or "
+            "model.save_pretrained) with its tokenizer.json. Sampling by default; --greedy or "
+            "--beam N for deterministic decoding."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit generate runs/shakespeare-char/checkpoint 'ROMEO:'\n"
+            "  attnkit generate --checkpoint DIR 'To be' --greedy --max-new-tokens 50"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    generate.add_argument("args", nargs="*", metavar="[CHECKPOINT] PROMPT")
+    generate.add_argument("--checkpoint", metavar="DIR", help="the model directory")
+    generate.add_argument(
+        "--model", metavar="PATH", help="the model directory (same as --checkpoint)"
+    )
+    generate.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
+    generate.add_argument("--temperature", type=float, default=0.8)
+    generate.add_argument("--top-k", type=int, default=None, metavar="K")
+    generate.add_argument("--top-p", type=float, default=None, metavar="P")
+    generate.add_argument("--greedy", action="store_true", help="always take the likeliest token")
+    generate.add_argument("--beam", type=int, default=1, metavar="N", help="beam search, N beams")
+    generate.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    generate.set_defaults(handler=_cmd_generate)
     return parser
 
 

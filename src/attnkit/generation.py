@@ -172,7 +172,7 @@ class _TransformerStepper:
 # --------------------------------------------------------------------------------------------
 
 
-def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose) -> Tensor:
+def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose, on_token) -> Tensor:
     """Generate up to max_new_tokens per row; a row that produced EOS is filled with pad_id.
     Stops early once every row has finished. Returns the new tokens (B, T)."""
     device = stepper.device
@@ -183,6 +183,8 @@ def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose) ->
         tokens = choose(logits)  # (B,)
         tokens = tokens.masked_fill(finished, pad_id)
         new_tokens.append(tokens)
+        if on_token is not None:
+            on_token(tokens)
         if eos_id is not None:
             finished |= tokens == eos_id
             if bool(finished.all()):
@@ -399,6 +401,7 @@ def generate(
     eos_id: int | None = None,
     use_cache: bool = True,
     seed: int | None = None,
+    on_token: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
     Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
@@ -440,7 +443,9 @@ def generate(
 
         with _eval_mode(model):
             stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)
-            new = _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose)
+            new = _greedy_or_sample(
+                stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose, on_token
+            )
 
     if model.family == "decoder-only":
         return torch.cat([input_ids, new], dim=1)  # (B, N + T)

@@ -278,6 +278,13 @@ class _Model(nn.Module):
         """Distinct parameters; a tied weight counts once."""
         return count_parameters(self)
 
+    def save_pretrained(self, directory, *, tokenizer=None):
+        """Write config.json + model.safetensors (+ tokenizer.json) atomically;
+        ``attnkit.from_pretrained(directory)`` reads it back exactly."""
+        from attnkit.interop.pretrained import save_pretrained  # interop builds on this module
+
+        return save_pretrained(self, directory, tokenizer=tokenizer)
+
 
 # --------------------------------------------------------------------------------------------
 # Encoder-only
@@ -507,6 +514,7 @@ class Transformer(_Model):
         eos_id: int | None = None,
         use_cache: bool = True,
         seed: int | None = None,
+        on_token=None,
     ) -> Tensor:
         """Translate: target tokens (B, 1 + T), BOS first, each row filled with pad_id after its
         EOS. The encoder runs once; with the cache each layer's cross-attention keys and values
@@ -525,6 +533,7 @@ class Transformer(_Model):
             eos_id=eos_id,
             use_cache=use_cache,
             seed=seed,
+            on_token=on_token,
         )
 
 
@@ -597,10 +606,12 @@ class DecoderLM(_Model):
         eos_id: int | None = None,
         use_cache: bool = True,
         seed: int | None = None,
+        on_token=None,
     ) -> Tensor:
         """Continue the prompts: (B, N + T), the prompt followed by the new tokens, each row
         filled with pad_id after its EOS. Prompts of different lengths go left-padded with an
-        ``attention_mask``. Options as in :func:`attnkit.generation.generate`."""
+        ``attention_mask``. ``on_token(tokens)`` is called with each step's new tokens (B,)
+        (greedy and sampling), for streaming. Options as in :func:`attnkit.generation.generate`."""
         return generate(
             self,
             input_ids,
@@ -615,4 +626,5 @@ class DecoderLM(_Model):
             eos_id=eos_id,
             use_cache=use_cache,
             seed=seed,
+            on_token=on_token,
         )
