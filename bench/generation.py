@@ -38,15 +38,13 @@ def build(seed: int = 0):
     return ours, ref
 
 
-def timed(model, run) -> tuple[list[int], list[float], float]:
-    """Run ``run()`` once; return its tokens, the time between successive LM-head calls (one
-    per generated token), and the total time."""
+def timed(run) -> tuple[list[int], list[float], float]:
+    """Run ``run(stamp)`` once, where ``stamp()`` is called as each token is made; return the
+    tokens, the time between successive tokens, and the total time."""
     stamps: list[float] = []
-    handle = model.lm_head.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
     start = time.perf_counter()
-    tokens = run()
+    tokens = run(lambda *_: stamps.append(time.perf_counter()))
     total = time.perf_counter() - start
-    handle.remove()
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return tokens, gaps, total
 
@@ -63,10 +61,22 @@ def main() -> None:
     prompt = torch.randint(0, 8192, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     new = args.new_tokens
 
-    def run_ours():
-        return ours.generate(prompt, new)[0, args.prompt :].tolist()
+    def run_ours(stamp):
+        return ours.generate(prompt, new, on_token=stamp)[0, args.prompt :].tolist()
 
-    def run_hf():
+    class Stamp(transformers.generation.streamers.BaseStreamer):
+        """Hugging Face calls put() with the prompt, then with each new token."""
+
+        def __init__(self, stamp):
+            self.stamp = stamp
+
+        def put(self, value):
+            self.stamp()
+
+        def end(self):
+            pass
+
+    def run_hf(stamp):
         with torch.no_grad():
             out = ref.generate(
                 prompt,
@@ -77,16 +87,17 @@ def main() -> None:
                 use_cache=True,
                 eos_token_id=None,
                 pad_token_id=0,
+                streamer=Stamp(stamp),
             )
         return out[0, args.prompt :].tolist()
 
-    run_ours(), run_hf()  # warm-up
+    run_ours(lambda *_: None), run_hf(lambda *_: None)  # warm-up
     speed = {"attnkit": [], "hf": []}
     gaps_ours: list[list[float]] = []
     tokens = {}
     for _ in range(args.repeats):
-        for name, model, run in (("attnkit", ours, run_ours), ("hf", ref, run_hf)):
-            toks, gaps, total = timed(model, run)
+        for name, run in (("attnkit", run_ours), ("hf", run_hf)):
+            toks, gaps, total = timed(run)
             tokens[name] = toks
             speed[name].append(new / total)
             if name == "attnkit":

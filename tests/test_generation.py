@@ -38,9 +38,14 @@ def make(family, position="learned", vocab_size=V, seed=0, **overrides):
 
 
 def record_logits(model):
-    """Collect the last-position logits of every call to the LM head."""
+    """Collect, for every decoding step, the logits of the last position (recomputed from the
+    decoder's final hidden state, which is what the generation loop feeds to the LM head)."""
     seen = []
-    model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out[:, -1].clone()))
+
+    def hook(module, inputs, out):
+        seen.append(model.lm_head(out[0][:, -1]).detach())
+
+    model.decoder.register_forward_hook(hook)
     return seen
 
 

@@ -25,6 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.efficient import (
+    LinearAttentionState,
+    RollingKVCache,
+    linear_attention,
+    linear_attention_weights,
+    sliding_window_attention,
+    window_mask,
+)
 from attnkit.position import ALiBi, RotaryEmbedding
 
 __all__ = [
@@ -386,8 +394,23 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         rope: RotaryEmbedding | None = None,
         alibi: ALiBi | None = None,
+        attention: str = "full",
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        if attention not in ("full", "window", "linear"):
+            raise ValueError(
+                f"MultiHeadAttention: attention must be 'full', 'window' or 'linear', "
+                f"got {attention!r}"
+            )
+        if attention == "window" and (
+            isinstance(window, bool) or not isinstance(window, int) or window < 1
+        ):
+            raise ValueError(
+                f"MultiHeadAttention: attention='window' needs window >= 1, got {window!r}"
+            )
+        if attention == "linear" and alibi is not None:
+            raise ValueError("MultiHeadAttention: ALiBi cannot be combined with linear attention")
         for name, value in (("d_model", d_model), ("n_heads", n_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(
@@ -427,6 +450,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rope = rope
         self.alibi = alibi
+        self.attention = attention  # for self-attention; cross-attention is always full
+        self.window = window
         self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -520,15 +545,18 @@ class MultiHeadAttention(nn.Module):
             if self.rope is not None and context is None:
                 q = self.rope(q, positions)
                 k = self.rope(k, positions)
+            if self.attention != "full" and context is None:
+                out, weights = self._efficient(
+                    q, k, v, mask, is_causal, positions, cache, return_weights
+                )
+                out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))
+                return (out, weights) if return_weights else out
             if cache is not None:
                 k, v, cached_positions = cache.append(k, v, key_positions)
                 if context is None and key_positions is not None:
                     key_positions = cached_positions
 
-        if self.n_kv_heads != self.n_heads:
-            repeat = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(repeat, dim=1)  # (B, H, M, d_head)
-            v = v.repeat_interleave(repeat, dim=1)  # (B, H, M, d_head)
+        k, v = self._repeat_kv(k), self._repeat_kv(v)  # (B, H, M, d_head)
 
         if self.alibi is not None and context is None:
             bias = self.alibi.bias(positions, key_positions).to(q.dtype)  # (B, H, N, M)
@@ -552,6 +580,98 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, n, self.d_model)  # (B, N, H d_head)
         out = self.out_proj(out)  # W^O
         return (out, weights) if return_weights else out
+
+    def _repeat_kv(self, t: Tensor) -> Tensor:
+        """(B, H_kv, M, d) -> (B, H, M, d): each key/value head serves n_heads / n_kv_heads."""
+        if self.n_kv_heads == self.n_heads:
+            return t
+        return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+
+    def _key_valid(self, mask: Tensor | None, n: int) -> Tensor | None:
+        """The (B, M) real-token mask inside a key padding mask (B, 1, 1, M); the window and
+        linear paths take no other kind of mask."""
+        if mask is None:
+            return None
+        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1):
+            raise ValueError(
+                f"attention={self.attention!r} takes a key padding mask of shape (B, 1, 1, M), "
+                f"bool; got {tuple(mask.shape)} {mask.dtype}"
+            )
+        return mask[:, 0, 0, :]
+
+    def _efficient(self, q, k, v, mask, is_causal, positions, cache, return_weights):
+        """Self-attention with attention='window' or 'linear'; returns (out (B,H,N,d), weights)."""
+        n = q.shape[2]
+        valid = self._key_valid(mask, n)
+        dropout = self.dropout if self.training else 0.0
+        if self.attention == "linear":
+            if cache is not None and not isinstance(cache, LinearAttentionState):
+                raise TypeError("attention='linear' decodes with a LinearAttentionState cache")
+            if cache is not None and return_weights:
+                raise ValueError("return_weights is not available with a linear-attention cache")
+            if valid is not None:
+                valid = valid[:, -n:]
+            k, v = self._repeat_kv(k), self._repeat_kv(v)
+            if return_weights:
+                weights = linear_attention_weights(q, k, causal=is_causal, key_valid=valid)
+                return weights @ v, weights
+            return linear_attention(q, k, v, causal=is_causal, key_valid=valid, state=cache), None
+
+        slopes = None if self.alibi is None else self.alibi.slopes
+        if cache is not None and not isinstance(cache, RollingKVCache):
+            raise TypeError("attention='window' decodes with a RollingKVCache")
+        if cache is not None and cache.length > 0:  # a decoding step: attend over the ring buffer
+            if n != 1:
+                raise ValueError(
+                    f"window attention with a filled cache decodes one position at a time, got {n}"
+                )
+            new_valid = (
+                torch.ones_like(q[:, 0, :, 0], dtype=torch.bool)
+                if valid is None
+                else (valid[:, -1:])
+            )
+            cache.append(k, v, positions, new_valid)
+            keys_mask = cache.valid[:, None, None, :]  # (B, 1, 1, w)
+            if slopes is not None:
+                bias = self.alibi.bias(positions, cache.positions).to(q.dtype)  # (B, H, 1, w)
+                keys_mask = bias.masked_fill(~keys_mask, float("-inf"))
+            result = scaled_dot_product_attention(
+                q,
+                self._repeat_kv(cache.k),
+                self._repeat_kv(cache.v),
+                keys_mask,
+                dropout_p=dropout,
+                return_weights=return_weights,
+            )
+            return result if return_weights else (result, None)
+
+        if valid is not None:
+            valid = valid[:, -n:]
+        if cache is not None:  # the prompt: fill the ring buffer with its last w positions
+            fill = torch.ones_like(q[:, 0, :, 0], dtype=torch.bool) if valid is None else valid
+            cache.append(k, v, positions, fill)
+        k, v = self._repeat_kv(k), self._repeat_kv(v)
+        if return_weights:  # the reference: the math path under a band mask
+            band = window_mask(n, window=self.window, causal=is_causal, device=q.device)
+            full_mask = band if valid is None else band & valid[:, None, None, :]
+            if slopes is not None:
+                bias = self.alibi.bias(positions, positions).to(q.dtype)
+                full_mask = bias.masked_fill(~full_mask, float("-inf"))
+            return scaled_dot_product_attention(
+                q, k, v, full_mask, dropout_p=dropout, return_weights=True
+            )
+        out = sliding_window_attention(
+            q,
+            k,
+            v,
+            self.window,
+            causal=is_causal,
+            key_valid=valid,
+            positions=positions,
+            alibi_slopes=slopes,
+            dropout_p=dropout,
+        )
+        return out, None
 
     def _q_params(self) -> tuple[Tensor, Tensor | None]:
         """W^Q and its bias: the first n_heads * d_head rows of in_proj."""

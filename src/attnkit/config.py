@@ -145,11 +145,6 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig: moe_top_k={self.moe_top_k} exceeds n_experts={self.n_experts}"
                 )
-        if self.attention != "full" or self.n_experts:
-            raise ValueError(
-                "ModelConfig: attention='window'/'linear' and n_experts > 0 are not implemented "
-                "yet in this version of attnkit; use attention='full' and n_experts=0"
-            )
 
     @property
     def d_head(self) -> int:

@@ -88,13 +88,20 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_samp
 
 
 class _DecoderLMStepper:
-    """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding)."""
+    """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
+
+    The prompt goes through the checked ``forward``; each later step goes through the lean
+    ``hidden_states`` (the ids are the model's own) and one matrix product with the LM head
+    stored transposed, (D, V) contiguous, which streams through memory faster than (V, D) for a
+    single row. Both the cached and the uncached path use the same head, so they agree exactly.
+    """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache):
         self.model, self.use_cache = model, use_cache
         self.device = input_ids.device
         self.ids = input_ids
-        self.mask = attention_mask
+        self.mask = model.check_inputs(input_ids, attention_mask)
+        self.head_t = model.lm_head.weight.detach().t().contiguous()  # (D, V)
         dtype = next(model.parameters()).dtype
         self.cache = (
             model.new_cache(
@@ -107,17 +114,20 @@ class _DecoderLMStepper:
             else None
         )
 
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return hidden[:, -1] @ self.head_t  # (B, V)
+
     def start(self) -> Tensor:
-        return self.model(self.ids, self.mask, cache=self.cache)[:, -1]  # (B, V)
+        return self._logits(self.model.hidden_states(self.ids, self.mask, self.cache)[0])
 
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
         if self.mask is not None:
             self.mask = torch.cat([self.mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
         if self.use_cache:
-            return self.model(tokens, self.mask, cache=self.cache)[:, -1]
+            return self._logits(self.model.hidden_states(tokens, self.mask, self.cache)[0])
         self.ids = torch.cat([self.ids, tokens], dim=1)
-        return self.model(self.ids, self.mask)[:, -1]
+        return self._logits(self.model.hidden_states(self.ids, self.mask)[0])
 
     def reorder(self, index: Tensor) -> None:
         self.ids = self.ids.index_select(0, index)

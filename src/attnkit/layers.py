@@ -14,6 +14,7 @@ encoder and decoder layers in the paper's Post-LN order or the modern Pre-LN ord
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -21,7 +22,14 @@ from attnkit.attention import KVCache, MultiHeadAttention
 from attnkit.config import ModelConfig
 from attnkit.position import ALiBi, RotaryEmbedding
 
-__all__ = ["DecoderLayer", "EncoderLayer", "FeedForward", "count_parameters", "make_norm"]
+__all__ = [
+    "DecoderLayer",
+    "EncoderLayer",
+    "FeedForward",
+    "MoEFeedForward",
+    "count_parameters",
+    "make_norm",
+]
 
 
 class FeedForward(nn.Module):
@@ -88,10 +96,52 @@ def _attention(cfg: ModelConfig, positional: bool = True) -> MultiHeadAttention:
         dropout=cfg.attention_dropout,
         rope=rope,
         alibi=alibi,
+        # window and linear attention are for self-attention; cross-attention stays full
+        attention=cfg.attention if positional else "full",
+        window=cfg.window,
     )
 
 
-def _ffn(cfg: ModelConfig) -> FeedForward:
+class MoEFeedForward(nn.Module):
+    r"""A mixture of experts in place of the FFN (Shazeer et al., 2017; Switch, Mixtral).
+
+    A router scores the ``n_experts`` experts for each token; the token goes to its ``top_k``
+    best, and the output is their outputs weighted by the renormalised router probabilities::
+
+        p = softmax(x W_router)          g = top-k of p, renormalised to sum to 1
+        MoE(x) = sum_{e in top-k} g_e * FFN_e(x)
+
+    Routing is dropless: every token is routed on its own, with no capacity limit, so a token's
+    output never depends on the rest of the batch (causality and caching stay intact).
+    After each forward, ``aux_loss`` holds the load-balancing loss (Switch Transformer, eq. 4,
+    for top-k): ``n_experts * sum_e f_e * P_e``, with f_e the fraction of routing slots given
+    to expert e and P_e its mean router probability; 1.0 when perfectly balanced.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.moe_top_k
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(_dense_ffn(cfg) for _ in range(cfg.n_experts))
+        self.aux_loss: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (T, D): every token on its own
+        probs = torch.softmax(self.router(flat).float(), dim=-1)  # (T, E)
+        gates, chosen = probs.topk(self.top_k, dim=-1)  # (T, k)
+        gates = (gates / gates.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * gates[token, slot, None])
+        n_experts = len(self.experts)
+        share = F.one_hot(chosen, n_experts).float().sum(1).mean(0) / self.top_k  # f_e
+        self.aux_loss = n_experts * (share * probs.mean(0)).sum()
+        return out.view_as(x)
+
+
+def _dense_ffn(cfg: ModelConfig) -> FeedForward:
     return FeedForward(
         cfg.d_model,
         cfg.d_ff,
@@ -99,6 +149,10 @@ def _ffn(cfg: ModelConfig) -> FeedForward:
         bias=cfg.bias,
         gelu_approximation=cfg.gelu_approximation,
     )
+
+
+def _ffn(cfg: ModelConfig) -> nn.Module:
+    return MoEFeedForward(cfg) if cfg.n_experts else _dense_ffn(cfg)
 
 
 class _Sublayers(nn.Module):

@@ -26,8 +26,15 @@ from torch import Tensor, nn
 
 from attnkit.attention import KVCache
 from attnkit.config import ModelConfig
+from attnkit.efficient import LinearAttentionState, RollingKVCache
 from attnkit.generation import generate
-from attnkit.layers import DecoderLayer, EncoderLayer, count_parameters, make_norm
+from attnkit.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    MoEFeedForward,
+    count_parameters,
+    make_norm,
+)
 from attnkit.position import LearnedPositions, SinusoidalPositions, positions_from_mask
 
 __all__ = [
@@ -209,20 +216,30 @@ class Decoder(nn.Module):
     def new_cache(
         self, batch_size: int, max_len: int, *, dtype=torch.float32, device=None, memory_len=None
     ) -> DecoderCache:
-        def caches(length):
+        """Per-layer caches: preallocated keys/values (full attention), a ring buffer of the
+        last ``window`` positions (window attention) or the running sums (linear attention).
+        Cross-attention (memory_len given) always caches the whole source."""
+        cfg = self.cfg
+        kv = dict(dtype=dtype, device=device)
+
+        def full(length):
             return [
-                KVCache(
-                    batch_size,
-                    self.cfg.kv_heads,
-                    length,
-                    self.cfg.d_head,
-                    dtype=dtype,
-                    device=device,
-                )
-                for _ in self.layers
+                KVCache(batch_size, cfg.kv_heads, length, cfg.d_head, **kv) for _ in self.layers
             ]
 
-        return DecoderCache(caches(max_len), caches(memory_len) if memory_len else None)
+        if cfg.attention == "window":
+            self_caches = [
+                RollingKVCache(batch_size, cfg.kv_heads, cfg.window, cfg.d_head, **kv)
+                for _ in self.layers
+            ]
+        elif cfg.attention == "linear":
+            self_caches = [
+                LinearAttentionState(batch_size, cfg.n_heads, cfg.d_head, device=device)
+                for _ in self.layers
+            ]
+        else:
+            self_caches = full(max_len)
+        return DecoderCache(self_caches, full(memory_len) if memory_len else None)
 
     def forward(
         self,
@@ -277,6 +294,16 @@ class _Model(nn.Module):
     def num_parameters(self) -> int:
         """Distinct parameters; a tied weight counts once."""
         return count_parameters(self)
+
+    def moe_loss(self) -> Tensor | float:
+        """The sum of every MoE layer's load-balancing loss from the last forward (0.0 without
+        experts). The trainer adds it, times a small coefficient, to the task loss."""
+        losses = [
+            m.aux_loss
+            for m in self.modules()
+            if isinstance(m, MoEFeedForward) and m.aux_loss is not None
+        ]
+        return sum(losses) if losses else 0.0
 
     def save_pretrained(self, directory, *, tokenizer=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically;
@@ -570,12 +597,25 @@ class DecoderLM(_Model):
         cache: DecoderCache | None = None,
         return_attention: bool = False,
     ):
+        attention_mask = self.check_inputs(input_ids, attention_mask, cache)
+        x, attentions = self.hidden_states(input_ids, attention_mask, cache, return_attention)
+        logits = self.lm_head(x)  # (B, N, V)
+        return (logits, attentions) if return_attention else logits
+
+    def check_inputs(self, input_ids, attention_mask=None, cache=None) -> Tensor | None:
+        """Every check ``forward`` makes; returns the mask as bool (or None)."""
         _check_ids("input_ids", input_ids, self.cfg)
         past = 0 if cache is None else cache.length
         b, n = input_ids.shape
         attention_mask = _check_mask("attention_mask", attention_mask, (b, past + n))
         _check_length(self.cfg, past + n, "input_ids")
-        positions = _positions(attention_mask, n, past, input_ids.device)
+        return attention_mask
+
+    def hidden_states(self, input_ids, attention_mask=None, cache=None, return_attention=False):
+        """The final hidden states (B, N, D), before the LM head. Unlike ``forward`` this checks
+        nothing: it is the decoding loop's lean step, fed with ids the model produced itself."""
+        past = 0 if cache is None else cache.length
+        positions = _positions(attention_mask, input_ids.shape[1], past, input_ids.device)
         x = self.embeddings(input_ids, positions)
         x, attentions, _ = self.decoder(
             x,
@@ -584,8 +624,7 @@ class DecoderLM(_Model):
             cache=cache,
             return_attention=return_attention,
         )
-        logits = self.lm_head(x)  # (B, N, V)
-        return (logits, attentions) if return_attention else logits
+        return x, attentions
 
     def new_cache(self, batch_size: int, max_len: int | None = None, **kw) -> DecoderCache:
         """Empty per-layer KV caches for up to ``max_len`` positions (default cfg.max_len)."""
