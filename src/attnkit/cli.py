@@ -140,17 +140,47 @@ def _explain_scaling(args: argparse.Namespace) -> None:
         print(f"\nwrote {path}")
 
 
+def _explain_complexity(args: argparse.Namespace) -> None:
+    from attnkit.explain.complexity import (
+        fit_slopes,
+        format_complexity_table,
+        measure_complexity,
+        plot_complexity,
+    )
+
+    if not args.budget > 0:
+        raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
+    print(f"measuring math, fused, window and linear attention ({args.budget:g} s each)...")
+    rows = measure_complexity(
+        budget_s=args.budget,
+        progress=lambda r: print(
+            f"  {r.variant:<7} N={r.n:<6} {r.backward_ms:9.1f} ms", flush=True
+        ),
+    )
+    print()
+    print(format_complexity_table(rows, fit_slopes(rows)))
+    if args.png:
+        try:
+            path = plot_complexity(rows, args.png)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--png: cannot write {args.png}: {error}") from None
+        print(f"\nwrote {path}")
+
+
+TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
+
+
 def _cmd_explain(args: argparse.Namespace) -> None:
     if args.topic is not None:
-        if args.topic != "scaling":
+        if args.topic not in TOPICS:
             raise UsageError(
-                f"explain: unknown topic {args.topic!r}; the topics are: scaling "
+                f"explain: unknown topic {args.topic!r}; the topics are: {', '.join(TOPICS)} "
                 "(or use --scores / --causal)"
             )
-        _explain_scaling(args)
+        TOPICS[args.topic](args)
         return
     if args.png:
-        raise UsageError("--png goes with 'attnkit explain scaling'")
+        raise UsageError("--png goes with a topic ('attnkit explain scaling --png FILE')")
     if args.scores is None and args.causal is None:
         raise UsageError(
             "explain: give --scores S1,S2,..., --causal N or a topic such as 'scaling' "
@@ -239,8 +269,6 @@ def _load_model(path: str, option: str):
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:
-    from attnkit.interop import load_tokenizer_for
-
     positional = list(args.args)
     path = args.checkpoint or args.model
     option = "--checkpoint" if args.checkpoint else "--model" if args.model else "CHECKPOINT"
@@ -257,9 +285,12 @@ def _cmd_generate(args: argparse.Namespace) -> None:
             f"{option}: {path} holds a {type(model).__name__}; generate needs a decoder-only "
             "language model"
         )
-    tokenizer = load_tokenizer_for(path)
+    tokenizer = _load_tokenizer(path, option)
     if tokenizer is None:
-        raise UsageError(f"{option}: {path} has no tokenizer.json to turn the prompt into ids")
+        raise UsageError(
+            f"{option}: {path} has no tokenizer (tokenizer.json, or tokenizer.ggml.* in a GGUF "
+            "file) to turn the prompt into ids"
+        )
     ids = tokenizer.encode(prompt)
     if not ids:
         if model.cfg.bos_id is None:
@@ -268,13 +299,18 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     prompt_ids = torch.tensor([ids])
     new_ids: list[int] = []
     shown = ""
+    # The new text is what decoding prompt + new tokens adds to the decoded prompt: decoding the
+    # new tokens alone would lose a SentencePiece token's leading space.
+    base = tokenizer.decode(ids)
 
     def stream(tokens):
         nonlocal shown
         if not new_ids:
             print(prompt, end="", flush=True)
         new_ids.append(int(tokens[0]))
-        text = tokenizer.decode(new_ids)
+        text = tokenizer.decode(ids + new_ids)[len(base) :]
+        if text.endswith("\ufffd"):
+            return  # half a UTF-8 character so far: wait for the rest
         print(text[len(shown) :], end="", flush=True)
         shown = text
 
@@ -293,8 +329,334 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     except ValueError as error:
         raise UsageError(f"generate: {error}") from None
     if args.beam > 1:
-        print(prompt + tokenizer.decode(out[0, len(ids) :].tolist()), end="")
+        print(prompt + tokenizer.decode(out[0].tolist())[len(base) :], end="")
     print()
+
+
+def _load_tokenizer(path: str, option: str):
+    """load_tokenizer_for, with an unreadable tokenizer reported as a usage error."""
+    from attnkit.interop import load_tokenizer_for
+
+    try:
+        return load_tokenizer_for(path)
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# attnkit embed
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_embed(args: argparse.Namespace) -> None:
+    from attnkit.interop.embeddings import (
+        cosine_similarities,
+        max_seq_length,
+        sentence_embeddings,
+    )
+
+    if not args.sentences:
+        raise UsageError("embed: give one or more sentences to embed (see --help)")
+    if args.max_length is not None and args.max_length < 3:
+        raise UsageError(f"--max-length: must be at least 3, got {args.max_length}")
+    model = _load_model(args.model, "--model")
+    if getattr(model, "family", None) != "encoder-only" and not isinstance(
+        model, attnkit.EncoderClassifier
+    ):
+        raise UsageError(
+            f"--model: {args.model} holds a {type(model).__name__}; embed needs an encoder "
+            "(a BERT-style model such as all-MiniLM-L6-v2)"
+        )
+    tokenizer = _load_tokenizer(args.model, "--model")
+    if tokenizer is None:
+        raise UsageError(f"--model: {args.model} has no tokenizer.json to turn text into ids")
+    limit = args.max_length or max_seq_length(args.model)
+    try:
+        embeddings = sentence_embeddings(model, tokenizer, args.sentences, max_length=limit)
+    except ValueError as error:
+        raise UsageError(f"embed: {error}") from None
+    similarity = cosine_similarities(embeddings)
+    names = [str(i + 1) for i in range(len(args.sentences))]
+    print(
+        f"{len(args.sentences)} sentence(s), {embeddings.shape[1]}-dimensional embeddings "
+        "(mean over the real tokens, L2-normalised)\n"
+    )
+    for name, sentence in zip(names, args.sentences, strict=True):
+        print(f"{name:>{len(names[-1])}}  {sentence}")
+    print("\ncosine similarity\n")
+    rows = [
+        [n, *(f"{v:.4f}" for v in row)] for n, row in zip(names, similarity.tolist(), strict=True)
+    ]
+    print(format_table(["", *names], rows))
+
+
+# --------------------------------------------------------------------------------------------
+# attnkit train / attnkit evaluate
+# --------------------------------------------------------------------------------------------
+
+# A run stopped by a signal saved its checkpoint; it still exits non-zero, as shells expect.
+_SIGNAL_EXIT = {2: 130, 15: 143}  # SIGINT, SIGTERM
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from attnkit.data import CorpusNotFoundError
+    from attnkit.interop import load_tokenizer_for
+    from attnkit.training import (
+        CheckpointError,
+        Trainer,
+        TrainingDiverged,
+        find_checkpoint,
+        read_trainer_state,
+    )
+    from attnkit.training.recipes import (
+        RecipeError,
+        build_model,
+        build_task,
+        load_recipe,
+        recipe_differences,
+    )
+
+    overrides = list(args.set)
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
+    try:
+        recipe = load_recipe(args.recipe, overrides)
+    except RecipeError as error:
+        raise UsageError(str(error)) from None
+    out = Path(args.out) if args.out else Path("runs") / recipe.name
+    try:
+        existing = find_checkpoint(out)
+        state = read_trainer_state(existing) if existing is not None else None
+    except CheckpointError as error:
+        raise UsageError(f"--out: {error}") from None
+    tokenizer = None
+    if args.resume:
+        if state is None:
+            raise UsageError(f"--resume: there is no checkpoint in {out} to continue")
+        changes = recipe_differences(state.recipe or {}, recipe.to_dict())
+        if changes:
+            raise UsageError(
+                f"--resume: {existing} was trained with another recipe ({'; '.join(changes)}); "
+                "only [train] keys may change on resume"
+            )
+        tokenizer = load_tokenizer_for(existing)
+    elif state is not None:
+        raise UsageError(
+            f"--out: {out} already holds a checkpoint (step {state.step}); add --resume to "
+            "continue it, or choose another --out"
+        )
+    try:
+        task, tokenizer = build_task(recipe, tokenizer)
+        model = build_model(recipe, tokenizer.vocab_size)
+    except CorpusNotFoundError as error:
+        raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
+    except ValueError as error:
+        raise UsageError(f"{args.recipe}: {error}") from None
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    trainer = Trainer(
+        model,
+        task,
+        recipe.train,
+        out,
+        tokenizer=tokenizer,
+        recipe=recipe.to_dict(),
+        quiet=args.quiet,
+    )
+    if args.resume:
+        try:
+            trainer.resume()
+        except CheckpointError as error:
+            raise UsageError(f"--resume: {error}") from None
+    say = (lambda *a, **k: None) if args.quiet else print
+    cfg, train = model.cfg, recipe.train
+    tokens = task.describe().get("tokens", {})
+    say(f"attnkit train {recipe.name} -> {out}")
+    say(
+        f"  model  {type(model).__name__}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads, {cfg.position} positions, {model.num_parameters():,} parameters"
+    )
+    say(
+        f"  data   {recipe.data.corpus}, {recipe.data.tokenizer} tokenizer "
+        f"({tokenizer.vocab_size:,} tokens); "
+        + ", ".join(f"{split} {n:,}" for split, n in tokens.items())
+        + f" tokens; blocks of {recipe.data.block_size}"
+    )
+    say(
+        f"  train  {train.steps:,} steps x {train.batch_size}, {train.schedule} lr {train.lr:g}, "
+        f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    if args.resume:
+        say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
+    try:
+        result = trainer.fit()
+    except TrainingDiverged as error:
+        print(f"attnkit: error: {error}", file=sys.stderr)
+        return 1
+    validation = result.validation or {}
+    summary = f"{result.status}: step {result.step:,}"
+    if "loss" in validation:
+        summary += f", validation loss {validation['loss']:.4f}"
+        if "perplexity" in validation:
+            summary += f" (perplexity {validation['perplexity']:.3f})"
+    say(f"{summary}, {result.elapsed_s / 60:.1f} min of training")
+    say(f"  checkpoint  {result.checkpoint}")
+    if result.status == "finished":
+        say(f"  loss curve  {out / 'loss_curve.png'}")
+        say(f"  evaluate    attnkit evaluate {result.checkpoint}")
+        if result.sample is not None:
+            say(f"  sample\n{result.sample}")
+    return _SIGNAL_EXIT.get(result.signal, 1) if result.signal is not None else 0
+
+
+def _format_metric(name: str, value: float) -> str:
+    return f"{int(value):,}" if name == "tokens" else f"{value:.4f}"
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from attnkit.data import CorpusNotFoundError
+    from attnkit.training import CheckpointError, Recipe, RecipeError, read_trainer_state
+    from attnkit.training.recipes import build_task, load_recipe
+    from attnkit.training.trainer import precision_context
+
+    path = Path(args.checkpoint)
+    for option, value in (("--batch-size", args.batch_size), ("--max-batches", args.max_batches)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option}: must be a positive integer, got {value}")
+    if not path.is_dir():
+        raise UsageError(f"CHECKPOINT: {path} is not a directory")
+    step = None
+    try:
+        if args.recipe:
+            recipe = load_recipe(args.recipe, args.set)
+        else:
+            state = read_trainer_state(path)
+            recipe = Recipe.from_dict(state.recipe or {}, f"{path}/trainer_state.json")
+            step = state.step
+    except CheckpointError as error:
+        raise UsageError(f"CHECKPOINT: {error}; give --recipe FILE to name its data") from None
+    except RecipeError as error:
+        raise UsageError(str(error)) from None
+    model = _load_model(str(path), "CHECKPOINT")
+    tokenizer = _load_tokenizer(str(path), "CHECKPOINT")
+    if tokenizer is None:
+        raise UsageError(f"CHECKPOINT: {path} has no tokenizer.json")
+    try:
+        task, _ = build_task(recipe, tokenizer)
+    except CorpusNotFoundError as error:
+        raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
+    if getattr(model, "family", None) != task.family:
+        raise UsageError(
+            f"CHECKPOINT: {path} holds a {type(model).__name__}; the {task.name!r} task "
+            f"evaluates {task.family} models"
+        )
+    splits = args.split or [s for s in ("validation", "test") if s in task.describe()["tokens"]]
+    results = {}
+    for split in splits:
+        with precision_context(args.precision, torch.device("cpu")):
+            try:
+                results[split] = task.evaluate(
+                    model, split, batch_size=args.batch_size, max_batches=args.max_batches
+                )
+            except ValueError as error:
+                raise UsageError(f"--split: {error}") from None
+    if args.json:
+        print(json.dumps({"checkpoint": str(path), "step": step, **results}, indent=2))
+        return
+    where = f"step {step:,}, " if step is not None else ""
+    print(f"{path}: {type(model).__name__}, {where}task {task.name}, {args.precision}\n")
+    names = list(next(iter(results.values())))
+    header = ["split", *names]
+    rows = [[s, *(_format_metric(n, m[n]) for n in names)] for s, m in results.items()]
+    print(format_table(header, rows))
+    if "loss" in names:
+        print("\nloss: mean cross entropy in nats per token; perplexity = exp(loss)")
+
+
+def _add_training_commands(commands) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train a model from a TOML recipe (examples/*.toml), with exact resume",
+        description=(
+            "Train a model as a TOML recipe says (examples/*.toml: [data], [model], [train]). "
+            "The run directory (--out, default runs/NAME) gets checkpoint/ (a model directory "
+            "that 'attnkit generate' and 'attnkit evaluate' read, and that --resume continues "
+            "exactly), metrics.jsonl, loss_curve.png and sample.txt. Ctrl-C or SIGTERM saves a "
+            "checkpoint and exits with status 130 / 143; a NaN or infinite loss stops the run "
+            "(status 1) and keeps the last good checkpoint."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit train examples/shakespeare-char-3min.toml\n"
+            "  attnkit train examples/shakespeare-char.toml --precision bf16\n"
+            "  attnkit train examples/shakespeare-char.toml --set train.steps=200 "
+            "--set model.n_layers=2 --out runs/quick\n"
+            "  attnkit train examples/shakespeare-char.toml --resume\n"
+            "  attnkit train examples/people-daily-char.toml --quiet"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("recipe", metavar="RECIPE", help="a TOML recipe file")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. train.lr=3e-4 or model.n_layers=2 (repeatable)",
+    )
+    train.add_argument("--out", metavar="DIR", help="the run directory (default runs/NAME)")
+    train.add_argument(
+        "--resume", action="store_true", help="continue the checkpoint in the run directory"
+    )
+    train.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        help="bf16 autocast (the same as --set train.precision=bf16)",
+    )
+    train.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    train.set_defaults(handler=_cmd_train)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="validation / test loss and perplexity of a trained checkpoint",
+        description=(
+            "Evaluate a checkpoint that 'attnkit train' wrote on the held-out splits of the data "
+            "it was trained on (its recipe is in the checkpoint): for language models, the mean "
+            "cross entropy in nats per token, the perplexity exp(loss) and bits per token. A "
+            "model directory without a run state needs --recipe to name its data."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit evaluate runs/shakespeare-char/checkpoint\n"
+            "  attnkit evaluate runs/shakespeare-char/checkpoint --split test --json\n"
+            "  attnkit evaluate DIR --recipe examples/shakespeare-char.toml --max-batches 20"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory")
+    evaluate.add_argument(
+        "--split",
+        action="append",
+        choices=("train", "validation", "test"),
+        help="a split to evaluate (repeatable; default: validation and test)",
+    )
+    evaluate.add_argument("--batch-size", type=int, default=32, metavar="B")
+    evaluate.add_argument(
+        "--max-batches", type=int, default=None, metavar="N", help="at most N batches per split"
+    )
+    evaluate.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    evaluate.add_argument("--recipe", metavar="FILE", help="the data to evaluate on, as a recipe")
+    evaluate.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.set_defaults(handler=_cmd_evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,26 +675,32 @@ def build_parser() -> argparse.ArgumentParser:
             "attention scores (score, exp, weight; the weights sum to 1). --causal N prints the "
             "look-ahead mask of size N as it is added to the scores. 'attnkit explain scaling' "
             "measures why the scores are divided by sqrt(d_k): Var[q.k] = d_k for unit-variance "
-            "q and k, and what the softmax does with and without the scaling."
+            "q and k, and what the softmax does with and without the scaling. 'attnkit explain "
+            "complexity' times attention (math, fused, window, linear) as N grows and fits the "
+            "exponent of N."
         ),
         epilog=(
             "examples:\n"
             "  attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞\n"
             "  attnkit explain --scores 2,8,4 --d-k 16\n"
             "  attnkit explain --causal 4\n"
-            "  attnkit explain scaling --png runs/scaling.png"
+            "  attnkit explain scaling --png runs/scaling.png\n"
+            "  attnkit explain complexity --budget 20 --png runs/complexity.png"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain.add_argument("topic", nargs="?", help="a topic to explain: scaling")
+    explain.add_argument("topic", nargs="?", help="a topic to explain: scaling, complexity")
     explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
     explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
     explain.add_argument(
         "--d-k", type=int, metavar="D", help="treat the scores as raw q.k and divide by sqrt(D)"
     )
     explain.add_argument("--causal", type=int, metavar="N", help="print the causal mask of size N")
-    explain.add_argument("--png", metavar="FILE", help="with 'scaling': also draw the plot here")
+    explain.add_argument("--png", metavar="FILE", help="with a topic: also draw the plot here")
     explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
+    explain.add_argument(
+        "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
+    )
     explain.set_defaults(handler=_cmd_explain)
 
     models = commands.add_parser(
@@ -348,13 +716,16 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Continue a prompt with a decoder-only language model, printing each token as it "
             "is made. The model is a directory that attnkit wrote (a training checkpoint or "
-            "model.save_pretrained) with its tokenizer.json. Sampling by default; --greedy or "
-            "--beam N for deterministic decoding."
+            "model.save_pretrained) with its tokenizer.json, a Hugging Face directory of a GPT-2 "
+            "or Llama model with its tokenizer.json, or a GGUF file of a Llama model (its "
+            "tokenizer is inside). Sampling by default; --greedy or --beam N for deterministic "
+            "decoding."
         ),
         epilog=(
             "examples:\n"
             "  attnkit generate runs/shakespeare-char/checkpoint 'ROMEO:'\n"
-            "  attnkit generate --checkpoint DIR 'To be' --greedy --max-new-tokens 50"
+            "  attnkit generate --checkpoint DIR 'To be' --greedy --max-new-tokens 50\n"
+            "  attnkit generate --model model.gguf 'The capital of France is' --greedy"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -371,6 +742,34 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--beam", type=int, default=1, metavar="N", help="beam search, N beams")
     generate.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     generate.set_defaults(handler=_cmd_generate)
+
+    embed = commands.add_parser(
+        "embed",
+        help="sentence embeddings from an encoder, and their cosine similarities",
+        description=(
+            "Embed sentences with an encoder model (a BERT-style Hugging Face directory such as "
+            "all-MiniLM-L6-v2, or an attnkit encoder with its tokenizer): the hidden states "
+            "averaged over the real tokens and L2-normalised, the sentence-transformers recipe. "
+            "Prints the matrix of cosine similarities between the sentences."
+        ),
+        epilog=(
+            "example:\n"
+            "  attnkit embed --model DIR \"The animal didn't cross the street because it was too "
+            'tired." "The animal didn\'t cross the street because it was too wide."'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    embed.add_argument("sentences", nargs="*", metavar="SENTENCE")
+    embed.add_argument("--model", required=True, metavar="PATH", help="the encoder's directory")
+    embed.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sentence at most (default: the model's, or sentence_bert_config.json's)",
+    )
+    embed.set_defaults(handler=_cmd_embed)
+    _add_training_commands(commands)
     return parser
 
 
@@ -381,8 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 0
-        args.handler(args)
-        return 0
+        return args.handler(args) or 0  # a handler may return an exit status
     except UsageError as error:
         print(f"attnkit: error: {error}", file=sys.stderr)
         return 2

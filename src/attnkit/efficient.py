@@ -186,13 +186,15 @@ def linear_attention(
     causal: bool,
     key_valid: Tensor | None = None,
     state: LinearAttentionState | None = None,
-    chunk: int = 64,
+    chunk: int = 128,
 ) -> Tensor:
     """Linear attention in O(N): q, k (B, H, N, d), v (B, H, N, d_v) -> (B, H, N, d_v).
 
-    Causal attention runs over chunks of ``chunk`` positions: inside a chunk the (chunk x chunk)
-    masked products, across chunks the running sums (S, z). With a ``state`` (decoding), the
-    sums start from it and it is updated in place.
+    Causal attention works in chunks of ``chunk`` positions, all chunks at once: inside a chunk
+    the (chunk x chunk) masked products; from earlier chunks the prefix sums of each chunk's
+    ``phi(K)^T V`` and ``phi(K)`` (an exclusive cumulative sum over chunks). Memory is
+    O(N * chunk + N / chunk * d * d_v), never N x N. With a ``state`` (decoding), the sums
+    start from it and it is updated in place.
     """
     b, h, n, _ = q.shape
     phi_q, phi_k = feature_map(q), feature_map(k)
@@ -205,28 +207,32 @@ def linear_attention(
         num = phi_q @ s  # (B, H, N, d_v)
         den = (phi_q * z[:, :, None]).sum(-1, keepdim=True)  # (B, H, N, 1)
         return (num / den.clamp_min(1e-30)).to(v.dtype)
-    d, d_v = phi_q.shape[-1], v.shape[-1]
-    s = torch.zeros(b, h, d, d_v, device=q.device) if state is None else state.s
-    z = torch.zeros(b, h, d, device=q.device) if state is None else state.z
-    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    outs = []
-    for start in range(0, n, chunk):
-        qc, kc, vc = (
-            phi_q[:, :, start : start + chunk],
-            phi_k[:, :, start : start + chunk],
-            vf[:, :, start : start + chunk],
-        )
-        c = qc.shape[2]
-        intra = (qc @ kc.transpose(-2, -1)).masked_fill(~lower[:c, :c], 0.0)  # (B, H, c, c)
-        num = qc @ s + intra @ vc  # (B, H, c, d_v)
-        den = (qc * z[:, :, None]).sum(-1, keepdim=True) + intra.sum(-1, keepdim=True)
-        outs.append(num / den.clamp_min(1e-30))
-        s = s + kc.transpose(-2, -1) @ vc
-        z = z + kc.sum(2)
+
+    c = min(chunk, n)
+    nc = -(-n // c)  # ceil(n / c)
+    pad = nc * c - n  # padded keys have phi = 0 (so they add nothing), padded queries are cut
+
+    def chunks(t):
+        return F.pad(t, (0, 0, 0, pad)).view(b, h, nc, c, t.shape[-1])  # (B, H, nc, c, .)
+
+    qc, kc, vc = chunks(phi_q), chunks(phi_k), chunks(vf)  # padding is zero: no contribution
+    kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, d, d_v): each chunk's sum of phi(k) v^T
+    kz = kc.sum(3)  # (B, H, nc, d)
+    s_before = kv.cumsum(2) - kv  # sums over the chunks before each chunk
+    z_before = kz.cumsum(2) - kz
     if state is not None:
-        state.s, state.z = s, z
+        s_before = s_before + state.s[:, :, None]
+        z_before = z_before + state.z[:, :, None]
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    intra = (qc @ kc.transpose(-2, -1)).masked_fill(~lower, 0.0)  # (B, H, nc, c, c)
+    num = qc @ s_before + intra @ vc  # (B, H, nc, c, d_v)
+    den = (qc * z_before[:, :, :, None]).sum(-1, keepdim=True) + intra.sum(-1, keepdim=True)
+    out = (num / den.clamp_min(1e-30)).reshape(b, h, nc * c, -1)[:, :, :n]
+    if state is not None:
+        state.s = s_before[:, :, -1] + kv[:, :, -1]
+        state.z = z_before[:, :, -1] + kz[:, :, -1]
         state.length += n
-    return torch.cat(outs, dim=2).to(v.dtype)  # (B, H, N, d_v)
+    return out.to(v.dtype)  # (B, H, N, d_v)
 
 
 class LinearAttentionState:

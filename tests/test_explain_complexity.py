@@ -1,0 +1,32 @@
+"""`attnkit explain complexity`: the measurements, the fitted exponents, the plot."""
+
+from attnkit.cli import main
+from attnkit.explain.complexity import ComplexityRow, fit_slopes, measure_complexity
+
+
+def test_math_memory_grows_as_n_squared_and_the_others_do_not():
+    rows = measure_complexity(lengths=(512, 1024), budget_s=30, repeats=1)
+    peak = {(r.variant, r.n): r.peak_mib for r in rows}
+    assert {r.variant for r in rows} == {"math", "fused", "window", "linear"}
+    # the math path holds N x N scores (8 heads * N^2 * 4 bytes): doubling N quadruples it
+    assert peak[("math", 1024)] > 3 * peak[("math", 512)]
+    assert peak[("math", 1024)] > 4 * max(peak[("fused", 1024)], peak[("linear", 1024)])
+    for variant in ("fused", "window", "linear"):  # linear in N: doubling N doubles it
+        assert peak[(variant, 1024)] < 2.8 * peak[(variant, 512)]
+
+
+def test_fit_slopes_recovers_known_exponents():
+    rows = [ComplexityRow("sq", n, n**2 / 1e3, n**2 / 1e3, n**2 / 1e4) for n in (1024, 2048, 4096)]
+    rows += [ComplexityRow("lin", n, n / 10, n / 5, n / 100) for n in (1024, 2048, 4096)]
+    slopes = fit_slopes(rows)
+    assert abs(slopes["sq"]["forward"] - 2) < 1e-9 and abs(slopes["sq"]["memory"] - 2) < 1e-9
+    assert abs(slopes["lin"]["backward"] - 1) < 1e-9
+
+
+def test_the_command_prints_a_table_and_draws_the_plot(capsys, tmp_path):
+    png = tmp_path / "complexity.png"
+    assert main(["explain", "complexity", "--budget", "0.3", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "fitted exponent of N" in out and "linear" in out and "window" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["explain", "complexity", "--budget", "0"]) == 2
