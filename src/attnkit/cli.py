@@ -11,7 +11,6 @@ import argparse
 import math
 import os
 import sys
-import unicodedata
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +18,7 @@ import torch
 import attnkit
 from attnkit.attention import causal_mask, scaled_dot_product_attention
 from attnkit.config import PRESETS, ModelConfig
+from attnkit.explain.tables import format_table
 from attnkit.models import DecoderLM, EncoderModel, Transformer
 
 
@@ -31,34 +31,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-# --------------------------------------------------------------------------------------------
-# Plain-text tables that line up with Chinese characters (two columns wide on a terminal)
-# --------------------------------------------------------------------------------------------
-
-
-def _width(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _cell(text: str, width: int, align: str = "right") -> str:
-    pad = " " * max(0, width - _width(text))
-    return pad + text if align == "right" else text + pad
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A table with the first column left-aligned and the others right-aligned."""
-    columns = list(zip(header, *rows, strict=True))
-    widths = [max(_width(c) for c in column) for column in columns]
-    lines = []
-    for row in [header, *rows]:
-        cells = [
-            _cell(c, w, "left" if i == 0 else "right")
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,17 +142,66 @@ def _explain_complexity(args: argparse.Namespace) -> None:
 TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
 
 
+def _explain_text(args: argparse.Namespace) -> None:
+    """One head's attention over a sentence, every number shown (explain.trace)."""
+    from attnkit.explain.trace import format_trace, trace_attention
+
+    text = args.topic
+    if args.model:
+        from attnkit.interop import load_tokenizer_for
+
+        model = _load_model(args.model, "--model")
+        tokenizer = load_tokenizer_for(args.model)
+        if tokenizer is None:
+            raise UsageError(f"--model: {args.model} has no tokenizer.json")
+        ids = tokenizer.encode(text)
+        to_token = getattr(tokenizer, "id_to_token", None)
+        tokens = [to_token(i) if to_token else tokenizer.decode([i]) for i in ids]
+    else:
+        # An untrained model: one token per space-separated word (per character without spaces).
+        tokens = text.split() if " " in text.strip() else list(text.strip())
+        if not tokens:
+            raise UsageError("explain: the text is empty")
+        vocab = {t: i + 5 for i, t in enumerate(dict.fromkeys(tokens))}
+        ids = [vocab[t] for t in tokens]
+        try:
+            cfg = ModelConfig.preset(args.preset, vocab_size=max(512, len(vocab) + 5))
+        except ValueError as error:
+            raise UsageError(f"--preset: {error}") from None
+        torch.manual_seed(args.seed)
+        model = (DecoderLM if args.causal is not None else EncoderModel)(cfg).eval()
+    if not ids:
+        raise UsageError("explain: the text gives no tokens")
+    query = None
+    if args.query is not None:
+        if args.query in tokens:
+            query = tokens.index(args.query)
+        elif args.query.lstrip("-").isdigit() and -len(tokens) <= int(args.query) < len(tokens):
+            query = int(args.query) % len(tokens)
+        else:
+            raise UsageError(f"--query: {args.query!r} is not one of the tokens {tokens}")
+    try:
+        trace = trace_attention(
+            model, torch.tensor([ids]), layer=args.layer, head=args.head, tokens=tokens
+        )
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"explain: {error}") from None
+    source = args.model or f"preset {args.preset!r}, untrained, seed {args.seed}"
+    print(f"model: {source}\n")
+    print(format_trace(trace, dims=args.dims, query=query))
+
+
 def _cmd_explain(args: argparse.Namespace) -> None:
     if args.topic is not None:
-        if args.topic not in TOPICS:
-            raise UsageError(
-                f"explain: unknown topic {args.topic!r}; the topics are: {', '.join(TOPICS)} "
-                "(or use --scores / --causal)"
-            )
-        TOPICS[args.topic](args)
+        if args.topic in TOPICS:
+            TOPICS[args.topic](args)
+        else:
+            _explain_text(args)
         return
     if args.png:
         raise UsageError("--png goes with a topic ('attnkit explain scaling --png FILE')")
+    if args.causal == 0 and args.scores is None:
+        raise UsageError("--causal: give the mask size N (or a TEXT to trace causally)")
     if args.scores is None and args.causal is None:
         raise UsageError(
             "explain: give --scores S1,S2,..., --causal N or a topic such as 'scaling' "
@@ -671,16 +692,20 @@ def build_parser() -> argparse.ArgumentParser:
         "explain",
         help="show the numbers inside attention: a softmax table, a causal mask",
         description=(
-            "Show the numbers inside attention. --scores prints the softmax of one row of "
-            "attention scores (score, exp, weight; the weights sum to 1). --causal N prints the "
-            "look-ahead mask of size N as it is added to the scores. 'attnkit explain scaling' "
-            "measures why the scores are divided by sqrt(d_k): Var[q.k] = d_k for unit-variance "
-            "q and k, and what the softmax does with and without the scaling. 'attnkit explain "
-            "complexity' times attention (math, fused, window, linear) as N grows and fits the "
-            "exponent of N."
+            "Show the numbers inside attention. With a TEXT, trace one head of a model over "
+            "it: Q, K, V, the scores, their scaling by sqrt(d_k), the mask, the softmax weights "
+            "and the output (a small untrained model unless --model is given). --scores prints "
+            "the softmax of one row of attention scores (score, exp, weight; the weights sum to "
+            "1). --causal N prints the look-ahead mask of size N as it is added to the scores. "
+            "'attnkit explain scaling' measures why the scores are divided by sqrt(d_k): "
+            "Var[q.k] = d_k for unit-variance q and k, and what the softmax does with and "
+            "without the scaling. 'attnkit explain complexity' times attention (math, fused, "
+            "window, linear) as N grows and fits the exponent of N."
         ),
         epilog=(
             "examples:\n"
+            '  attnkit explain "今天 下雨 我 没 带 伞" --query 没\n'
+            '  attnkit explain "我 用 毒 毒 毒 蛇" --causal --head 1\n'
             "  attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞\n"
             "  attnkit explain --scores 2,8,4 --d-k 16\n"
             "  attnkit explain --causal 4\n"
@@ -689,13 +714,33 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain.add_argument("topic", nargs="?", help="a topic to explain: scaling, complexity")
+    explain.add_argument(
+        "topic",
+        nargs="?",
+        metavar="TEXT_OR_TOPIC",
+        help="a sentence to trace through one attention head, or a topic: scaling, complexity",
+    )
+    explain.add_argument("--model", metavar="PATH", help="with TEXT: a model directory to trace")
+    explain.add_argument(
+        "--preset", default="tiny", help="with TEXT and no --model: an untrained preset (tiny)"
+    )
+    explain.add_argument("--layer", type=int, default=0, help="with TEXT: the layer (default 0)")
+    explain.add_argument("--head", type=int, default=0, help="with TEXT: the head (default 0)")
+    explain.add_argument("--query", metavar="TOKEN", help="with TEXT: show what this token mixes")
+    explain.add_argument("--dims", type=int, default=4, help="with TEXT: dimensions of Q/K/V shown")
     explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
     explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
     explain.add_argument(
         "--d-k", type=int, metavar="D", help="treat the scores as raw q.k and divide by sqrt(D)"
     )
-    explain.add_argument("--causal", type=int, metavar="N", help="print the causal mask of size N")
+    explain.add_argument(
+        "--causal",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="N",
+        help="print the causal mask of size N; with TEXT, use a causal (decoder) model",
+    )
     explain.add_argument("--png", metavar="FILE", help="with a topic: also draw the plot here")
     explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
     explain.add_argument(
