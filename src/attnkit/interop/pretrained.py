@@ -1,5 +1,9 @@
 """attnkit's own model directories, and ``from_pretrained`` for every kind of weights.
 
+``from_pretrained(path)`` asks each registered loader in :data:`LOADERS` whether it recognises
+``path`` (Hugging Face directories: :mod:`attnkit.interop.hf`; GGUF files:
+:mod:`attnkit.interop.gguf`), and otherwise reads attnkit's own directory format.
+
 A directory written by ``model.save_pretrained(dir)``::
 
     dir/config.json         {"attnkit": {"format": 1, "family": ..., ...}, "config": {...}}
@@ -26,9 +30,17 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnkit.config import ModelConfig
+from attnkit.interop.gguf import is_gguf_file, load_gguf
+from attnkit.interop.hf import is_hf_directory, load_hf_directory
 from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
 
-__all__ = ["atomic_directory", "from_pretrained", "load_tokenizer_for", "save_pretrained"]
+__all__ = [
+    "LOADERS",
+    "atomic_directory",
+    "from_pretrained",
+    "load_tokenizer_for",
+    "save_pretrained",
+]
 
 FORMAT = 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -41,7 +53,10 @@ _FAMILIES: dict[str, type[nn.Module]] = {
 }
 
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
-LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = []
+LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
+    ("Hugging Face directories (bert, gpt2, llama)", is_hf_directory, load_hf_directory),
+    ("GGUF files (llama)", is_gguf_file, load_gguf),
+]
 
 
 @contextmanager
@@ -159,12 +174,46 @@ def from_pretrained(path: str | os.PathLike[str]) -> nn.Module:
     raise ValueError(f"{path}: not a model directory and not a file type attnkit can read")
 
 
+def _is_attnkit_tokenizer(path: Path) -> bool:
+    """attnkit's char tokenizer, or a BPE one with attnkit's special tokens at ids 0-4."""
+    from attnkit.data.tokenizer import SPECIAL_TOKENS
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return True  # let attnkit's loader report the problem
+    if not isinstance(data, dict) or "attnkit_tokenizer" in data:
+        return True
+    added = data.get("added_tokens")
+    contents = {t.get("id"): t.get("content") for t in added or [] if isinstance(t, dict)}
+    return all(contents.get(i) == token for i, token in enumerate(SPECIAL_TOKENS))
+
+
 def load_tokenizer_for(path: str | os.PathLike[str]):
-    """The tokenizer stored with a model (``tokenizer.json`` in its directory), or None."""
+    """The tokenizer stored with a model, or None when there is none.
+
+    - a GGUF file: the tokenizer its ``tokenizer.ggml.*`` metadata describe;
+    - a Hugging Face directory: its ``tokenizer.json`` as a
+      :class:`~attnkit.interop.tokenizer.PretrainedTokenizer` (special ids from the files);
+    - an attnkit directory: its ``tokenizer.json`` through :func:`attnkit.data.load_tokenizer`
+      (attnkit's char or BPE tokenizers, special ids 0-4), or, for any other ``tokenizers``
+      JSON (a pretrained model's tokenizer saved with it), a ``PretrainedTokenizer``.
+    """
     from attnkit.data import load_tokenizer
+    from attnkit.interop.tokenizer import (
+        PretrainedTokenizer,
+        load_hf_tokenizer,
+        tokenizer_from_gguf,
+    )
 
     path = Path(path)
+    if is_gguf_file(path):
+        return tokenizer_from_gguf(path)
     candidate = path / TOKENIZER_FILE if path.is_dir() else None
     if candidate is None or not candidate.is_file():
         return None
-    return load_tokenizer(candidate)
+    if is_hf_directory(path):
+        return load_hf_tokenizer(path)
+    if _is_attnkit_tokenizer(candidate):
+        return load_tokenizer(candidate)
+    return PretrainedTokenizer.from_file(candidate)

@@ -1,0 +1,82 @@
+"""Hugging Face model directories -> attnkit models.
+
+A Hugging Face directory is ``config.json`` (whose ``model_type`` names the architecture) and
+the weights in safetensors, one file or shards (see :mod:`attnkit.interop.checkpoint`)::
+
+    model_type   architectures                               attnkit model
+    bert         BertModel, BertForMaskedLM, BertForPreTraining   EncoderModel
+    bert         BertForSequenceClassification                 EncoderClassifier
+    gpt2         GPT2LMHeadModel, GPT2Model                     DecoderLM
+    llama        LlamaForCausalLM, LlamaModel                   DecoderLM
+
+Every field of ``config.json`` is read with its type checked, fields attnkit cannot represent
+are refused by name, and so are fields it does not know (see :mod:`attnkit.interop.hf_config`).
+The weights are converted to float32. ``attnkit.from_pretrained(path)`` dispatches here for any
+directory whose ``config.json`` is not attnkit's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import nn
+
+from attnkit.interop.bert import load_bert
+from attnkit.interop.checkpoint import Tensors, read_hf_weights
+from attnkit.interop.gpt2 import load_gpt2
+from attnkit.interop.hf_config import HFConfig
+from attnkit.interop.llama import load_llama
+
+__all__ = ["ARCHITECTURES", "is_hf_directory", "load_hf_directory"]
+
+CONFIG_FILE = "config.json"
+
+# model_type -> loader(config, tensors)
+ARCHITECTURES: dict[str, Callable[[HFConfig, Tensors], nn.Module]] = {
+    "bert": load_bert,
+    "gpt2": load_gpt2,
+    "llama": load_llama,
+}
+_PREFIXES = {"Bert": "bert", "GPT2": "gpt2", "Llama": "llama"}
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A directory whose ``config.json`` is a JSON object not written by attnkit."""
+    config = path / CONFIG_FILE
+    if not (path.is_dir() and config.is_file()):
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, OSError):
+        return False  # from_pretrained reports the bad JSON itself
+    return isinstance(data, dict) and "attnkit" not in data
+
+
+def _model_type(hf: HFConfig) -> str:
+    model_type = hf.get("model_type")
+    if model_type is None:  # very old configs: guess from the class name
+        architectures = hf.get("architectures") or []
+        first = architectures[0] if isinstance(architectures, list) and architectures else ""
+        model_type = next(
+            (t for prefix, t in _PREFIXES.items() if str(first).startswith(prefix)), None
+        )
+    if model_type not in ARCHITECTURES:
+        found = model_type or hf.data.get("architectures") or "unknown"
+        raise ValueError(
+            f"{hf.source}: model type {found!r} is not supported; attnkit reads Hugging Face "
+            f"directories of {sorted(ARCHITECTURES)}, GGUF files of Llama models, and its own "
+            "directories"
+        )
+    return model_type
+
+
+def load_hf_directory(path: str | os.PathLike[str]) -> nn.Module:
+    """The attnkit model for a Hugging Face model directory, in eval mode."""
+    path = Path(path)
+    hf = HFConfig.from_file(path / CONFIG_FILE)
+    model_type = _model_type(hf)
+    tensors = read_hf_weights(path)
+    return ARCHITECTURES[model_type](hf, tensors).eval()

@@ -1,0 +1,376 @@
+"""Pretrained tokenizers: a Hugging Face ``tokenizer.json``, or the one a GGUF file embeds.
+
+Both become a :class:`PretrainedTokenizer`, a ``tokenizers.Tokenizer`` behind attnkit's tokenizer
+interface (``encode(text) -> list[int]``, ``decode(ids, skip_special=True) -> str``,
+``vocab_size``, and the special ids the files name). Unlike attnkit's own tokenizers, whose
+special tokens sit at fixed ids and enter only on request, a pretrained tokenizer adds its
+model's special tokens the way the model was trained: ``[CLS] ... [SEP]`` for BERT, ``<s>`` in
+front for Llama, nothing for GPT-2 (``add_special_tokens=False`` turns that off).
+
+A GGUF file has no ``tokenizer.json``; its ``tokenizer.ggml.*`` metadata describe one, which
+this module rebuilds with the ``tokenizers`` library alone (``transformers`` is not needed)::
+
+    tokenizer.ggml.model   what it is                      how it is rebuilt
+    "gpt2"                 byte-level BPE (GPT-2, Llama 3)  BPE(tokens, merges), ByteLevel; the
+                                                            split regex from tokenizer.ggml.pre
+    "llama"                SentencePiece BPE (Llama 1, 2)   BPE(tokens, merges from the scores),
+                                                            byte fallback, "▁" for spaces
+
+``tokenizer.ggml.token_type`` marks control tokens (3: special, skipped by ``decode``) and
+user-defined ones (4: kept whole); ``add_bos_token`` / ``add_eos_token`` give the template.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+from attnkit.interop.hf_config import read_json
+
+__all__ = [
+    "PretrainedTokenizer",
+    "load_hf_tokenizer",
+    "tokenizer_from_gguf",
+    "tokenizer_from_gguf_metadata",
+]
+
+TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_NAMES = ("pad", "bos", "eos", "unk", "cls", "sep", "mask")
+# Well-known spellings, used when no file names a special token.
+_KNOWN = {
+    "pad": ("[PAD]", "<pad>", "<|pad|>"),
+    "bos": ("<s>", "<|begin_of_text|>", "<bos>"),
+    "eos": ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>"),
+    "unk": ("[UNK]", "<unk>"),
+    "cls": ("[CLS]",),
+    "sep": ("[SEP]",),
+    "mask": ("[MASK]", "<mask>"),
+}
+
+_GPT2_SPLIT = None  # tokenizers' ByteLevel(use_regex=True) is GPT-2's own split
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> the regex that splits text into words before BPE
+PRE_TOKENIZERS = {
+    "default": _GPT2_SPLIT,
+    "gpt2": _GPT2_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+class PretrainedTokenizer:
+    """A ``tokenizers.Tokenizer`` with attnkit's tokenizer interface.
+
+    ``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``, ``cls_id``, ``sep_id``, ``mask_id``: the
+    special ids the source names (None where it names none). ``hf`` is the wrapped tokenizer.
+    """
+
+    def __init__(
+        self, tokenizer: HFTokenizer, special_ids: dict[str, int | None], source: str
+    ) -> None:
+        tokenizer.no_padding()  # a tokenizer.json may pad every text to a fixed length
+        tokenizer.no_truncation()
+        self.hf = tokenizer
+        self.source = source
+        for name in SPECIAL_NAMES:
+            setattr(self, f"{name}_id", special_ids.get(name))
+
+    pad_id: int | None
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    cls_id: int | None
+    sep_id: int | None
+    mask_id: int | None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> PretrainedTokenizer:
+        """A ``tokenizer.json``; special ids found by their usual spellings."""
+        path = Path(path)
+        try:
+            tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception on bad files
+            raise ValueError(f"{path}: not a valid tokenizers JSON file ({error})") from None
+        return cls(tokenizer, _guess_special_ids(tokenizer), str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"PretrainedTokenizer({self.source!r}, vocab_size={self.vocab_size})"
+
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, max_length: int | None = None
+    ) -> list[int]:
+        """Token ids of ``text``, with the model's special tokens unless asked not to.
+
+        ``max_length`` cuts the text's tokens so that, special tokens included, at most that
+        many ids come back (the special tokens stay).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
+        encoding = self.hf.encode(text, add_special_tokens=False)
+        if max_length is not None:
+            room = max_length - (
+                self.hf.num_special_tokens_to_add(False) if add_special_tokens else 0
+            )
+            if room < 1:
+                raise ValueError(f"encode: max_length={max_length} leaves no room for the text")
+            encoding.truncate(room)
+        if add_special_tokens:
+            encoding = self.hf.post_process(encoding, None, True)
+        return list(encoding.ids)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """The text of ``ids``; ``skip_special`` drops the special (control) tokens."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        checked = []
+        for i in ids:
+            if isinstance(i, bool) or not hasattr(i, "__index__"):
+                raise TypeError(f"decode: ids must be ints, got {i!r} ({type(i).__name__})")
+            i = operator.index(i)
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(
+                    f"decode: token id {i} is out of range for vocabulary size {self.vocab_size}"
+                )
+            checked.append(i)
+        return self.hf.decode(checked, skip_special_tokens=skip_special)
+
+    def id_to_token(self, token_id: int) -> str:
+        token = self.hf.id_to_token(token_id)
+        if token is None:
+            raise ValueError(
+                f"id_to_token: token id {token_id} is out of range for vocabulary size "
+                f"{self.vocab_size}"
+            )
+        return token
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    def to_json(self) -> str:
+        return self.hf.to_str(pretty=True)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write ``tokenizer.json`` (``save_pretrained`` calls this)."""
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _guess_special_ids(tokenizer: HFTokenizer) -> dict[str, int | None]:
+    ids: dict[str, int | None] = {}
+    for name, spellings in _KNOWN.items():
+        ids[name] = next(
+            (i for t in spellings if (i := tokenizer.token_to_id(t)) is not None), None
+        )
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face directories
+# --------------------------------------------------------------------------------------------
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json / special_tokens_map.json spell it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def load_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer:
+    """The ``tokenizer.json`` of a Hugging Face model directory, with the special ids that
+    ``special_tokens_map.json``, ``tokenizer_config.json`` or ``config.json`` name."""
+    directory = Path(directory)
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory}: no {TOKENIZER_FILE}")
+    tokenizer = PretrainedTokenizer.from_file(path)
+    ids = _guess_special_ids(tokenizer.hf)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):  # later files win
+        if not (directory / name).is_file():
+            continue
+        data = read_json(directory / name)
+        for special in SPECIAL_NAMES:
+            content = _token_content(data.get(f"{special}_token"))
+            if content is not None and tokenizer.hf.token_to_id(content) is not None:
+                ids[special] = tokenizer.hf.token_to_id(content)
+    if (directory / "config.json").is_file():
+        config = read_json(directory / "config.json")
+        for special in ("pad", "bos", "eos"):
+            value = config.get(f"{special}_token_id")
+            if isinstance(value, list) and value:
+                value = value[0]
+            if ids.get(special) is None and isinstance(value, int) and not isinstance(value, bool):
+                ids[special] = value if 0 <= value < tokenizer.vocab_size else None
+    for special in SPECIAL_NAMES:
+        setattr(tokenizer, f"{special}_id", ids.get(special))
+    return tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF files
+# --------------------------------------------------------------------------------------------
+
+
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """SentencePiece BPE merges recovered from the vocabulary: every split of a token into two
+    tokens, best-scored result first (as transformers' ``generate_merges`` does)."""
+    vocab = {token: i for i, token in enumerate(tokens)}
+    merges = []
+    for token, score in zip(tokens, scores, strict=True):
+        local = [
+            (token[:k], token[k:], score)
+            for k in range(1, len(token))
+            if token[:k] in vocab and token[k:] in vocab
+        ]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _gguf_merges(metadata: dict[str, Any], source: str) -> list[tuple[str, str]] | None:
+    merges = metadata.get("tokenizer.ggml.merges")
+    if merges is None:
+        return None
+    pairs = []
+    for merge in merges:
+        left, space, right = merge.partition(" ")
+        if not space or not left or not right:
+            raise ValueError(f"{source}: tokenizer.ggml.merges holds a malformed merge {merge!r}")
+        pairs.append((left, right))
+    return pairs
+
+
+def _template(tokens: list[str], bos: int | None, eos: int | None) -> processors.TemplateProcessing:
+    """BOS in front and / or EOS at the end of each sequence (llama.cpp's add_bos / add_eos)."""
+    special = [(tokens[i], i) for i in (bos, eos) if i is not None]
+
+    def sequence(name: str) -> list[str]:
+        first = [] if bos is None else [tokens[bos]]
+        return first + [name] + ([] if eos is None else [tokens[eos]])
+
+    return processors.TemplateProcessing(
+        single=" ".join(sequence("$A")),
+        pair=" ".join(sequence("$A") + sequence("$B:1")),
+        special_tokens=sorted(set(special)),
+    )
+
+
+def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> PretrainedTokenizer:
+    """Rebuild the tokenizer that a GGUF file's ``tokenizer.ggml.*`` metadata describe."""
+    kind = metadata.get("tokenizer.ggml.model")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ValueError(f"{source}: no tokenizer.ggml.tokens list: the file embeds no tokenizer")
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ValueError(f"{source}: tokenizer.ggml.tokens holds duplicate tokens")
+
+    def special(key: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, int) and 0 <= value < len(tokens) else None
+
+    ids = {
+        "bos": special("bos_token_id"),
+        "eos": special("eos_token_id"),
+        "unk": special("unknown_token_id"),
+        "pad": special("padding_token_id"),
+        "sep": special("seperator_token_id"),  # llama.cpp's spelling
+        "cls": None,
+        "mask": None,
+    }
+    merges = _gguf_merges(metadata, source)
+    if kind == "gpt2":
+        pre = metadata.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZERS:
+            raise ValueError(
+                f"{source}: tokenizer.ggml.pre={pre!r} is not supported; attnkit knows "
+                f"{sorted(PRE_TOKENIZERS)}"
+            )
+        if merges is None:
+            raise ValueError(f"{source}: a 'gpt2' tokenizer needs tokenizer.ggml.merges")
+        tokenizer = HFTokenizer(
+            models.BPE(vocab=vocab, merges=merges, ignore_merges=PRE_TOKENIZERS[pre] is not None)
+        )
+        split = PRE_TOKENIZERS[pre]
+        if split is None:
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        else:
+            tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
+        tokenizer.decoder = decoders.ByteLevel()
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
+    elif kind == "llama":
+        scores = metadata.get("tokenizer.ggml.scores")
+        if merges is None:
+            if not isinstance(scores, list) or len(scores) != len(tokens):
+                raise ValueError(
+                    f"{source}: a 'llama' tokenizer needs tokenizer.ggml.scores, one per token"
+                )
+            merges = _spm_merges(tokens, scores)
+        unk = ids["unk"]
+        tokenizer = HFTokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=merges,
+                unk_token=None if unk is None else tokens[unk],
+                fuse_unk=True,
+                byte_fallback=True,
+            )
+        )
+        prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first" if prefix else "never", split=False
+        )
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if prefix:
+            steps.append(decoders.Strip(content=" ", left=1, right=0))
+        tokenizer.decoder = decoders.Sequence(steps)
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token", True)  # llama.cpp's default
+    else:
+        raise ValueError(
+            f"{source}: tokenizer.ggml.model={kind!r} is not supported; attnkit rebuilds "
+            "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE) tokenizers"
+        )
+    types = metadata.get("tokenizer.ggml.token_type") or []
+    control = [t for t, kind_ in zip(tokens, types, strict=False) if kind_ == CONTROL]
+    user = [t for t, kind_ in zip(tokens, types, strict=False) if kind_ == USER_DEFINED]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    add_eos = metadata.get("tokenizer.ggml.add_eos_token", False)
+    tokenizer.post_processor = _template(
+        tokens, ids["bos"] if add_bos else None, ids["eos"] if add_eos else None
+    )
+    return PretrainedTokenizer(tokenizer, ids, source)
+
+
+def tokenizer_from_gguf(path: str | os.PathLike[str]) -> PretrainedTokenizer | None:
+    """The tokenizer a GGUF file embeds, or None if it embeds none."""
+    from attnkit.interop.gguf import gguf_metadata, read_gguf
+
+    metadata = gguf_metadata(read_gguf(path))
+    if "tokenizer.ggml.model" not in metadata:
+        return None
+    return tokenizer_from_gguf_metadata(metadata, str(path))
