@@ -10,9 +10,10 @@ def test_math_memory_grows_as_n_squared_and_the_others_do_not():
     assert {r.variant for r in rows} == {"math", "fused", "window", "linear"}
     # the math path holds N x N scores (8 heads * N^2 * 4 bytes): doubling N quadruples it
     assert peak[("math", 1024)] > 3 * peak[("math", 512)]
-    # the others never hold N x N: far less at the same N (small sizes are too noisy to fit
-    # their linear growth here; bench/complexity.py fits it over N up to 16384)
-    for variant in ("fused", "window", "linear"):
+    # fused and linear never hold N x N: far less at the same N (window, w=256, only pulls
+    # ahead for N >> 3w; its O(N w) scores are checked in test_efficient; small sizes are too
+    # noisy to fit growth here: bench/complexity.py fits it over N up to 16384)
+    for variant in ("fused", "linear"):
         assert peak[("math", 1024)] > 1.5 * peak[(variant, 1024)]
 
 
