@@ -697,7 +697,11 @@ def _cmd_viz(args: argparse.Namespace) -> None:
             written.append(export_bertviz_json(attentions, args.bertviz, **where))
         if html:
             Path(html).parent.mkdir(parents=True, exist_ok=True)
-            source = args.model or f"untrained preset {args.preset!r} (seed {args.seed})"
+            source = (
+                "/".join(Path(args.model).resolve().parts[-2:])
+                if args.model
+                else f"untrained preset {args.preset!r} (seed {args.seed})"
+            )
             written.append(
                 render_attention_html(
                     attention_sections(attentions, **where),
