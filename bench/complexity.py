@@ -25,11 +25,14 @@ from attnkit.explain.complexity import (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per variant")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads while timing")
     parser.add_argument("--png", type=Path, default=Path("runs/bench/complexity.png"))
     parser.add_argument("--json", type=Path, help="also write the rows and slopes as JSON")
     args = parser.parse_args()
     rows = measure_complexity(
-        budget_s=args.budget, progress=lambda r: print(f"  {r.variant} N={r.n} done", flush=True)
+        budget_s=args.budget,
+        threads=args.threads,
+        progress=lambda r: print(f"  {r.variant} N={r.n} done", flush=True),
     )
     slopes = fit_slopes(rows)
     print(format_complexity_table(rows, slopes))

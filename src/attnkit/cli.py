@@ -86,6 +86,7 @@ def _explain_complexity(args: argparse.Namespace) -> None:
     print(f"measuring math, fused, window and linear attention ({args.budget:g} s each)...")
     rows = measure_complexity(
         budget_s=args.budget,
+        threads=args.threads,
         progress=lambda r: print(
             f"  {r.variant:<7} N={r.n:<6} {r.backward_ms:9.1f} ms", flush=True
         ),
@@ -141,8 +142,11 @@ def _explain_text(args: argparse.Namespace) -> None:
         raise UsageError("explain: the text gives no tokens")
     query = None
     if args.query is not None:
+        name, _, nth = args.query.rpartition("#")
         if args.query in tokens:
             query = tokens.index(args.query)
+        elif name in tokens and nth.isdigit() and 1 <= int(nth) <= tokens.count(name):
+            query = [i for i, t in enumerate(tokens) if t == name][int(nth) - 1]  # 毒#2
         elif args.query.lstrip("-").isdigit() and -len(tokens) <= int(args.query) < len(tokens):
             query = int(args.query) % len(tokens)
         else:
@@ -763,7 +767,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--layer", type=int, default=0, help="with TEXT: the layer (default 0)")
     explain.add_argument("--head", type=int, default=0, help="with TEXT: the head (default 0)")
-    explain.add_argument("--query", metavar="TOKEN", help="with TEXT: show what this token mixes")
+    explain.add_argument(
+        "--query",
+        metavar="TOKEN",
+        help="with TEXT: show what this token mixes (a token, TOKEN#k for its k-th occurrence, "
+        "or an index)",
+    )
     explain.add_argument("--dims", type=int, default=4, help="with TEXT: dimensions of Q/K/V shown")
     explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
     explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
@@ -782,6 +791,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
     explain.add_argument(
         "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
+    )
+    explain.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="with 'complexity': torch threads while timing (default 1: steadier when busy)",
     )
     explain.set_defaults(handler=_cmd_explain)
 

@@ -121,11 +121,23 @@ def measure_complexity(
     window: int = WINDOW,
     repeats: int = 3,
     max_scores_gib: float = 4.0,
+    threads: int | None = None,
     progress: Callable[[ComplexityRow], None] | None = None,
 ) -> list[ComplexityRow]:
     """Time and memory of each variant at each length, until its ``budget_s`` is spent (or, for
-    the math path, until its N x N scores would pass ``max_scores_gib``)."""
+    the math path, until its N x N scores would pass ``max_scores_gib``). ``threads`` sets
+    torch's thread count for the measurement (1 gives steadier slopes on a busy machine)."""
     _fix_malloc()
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(variants, lengths, budget_s, window, repeats, max_scores_gib, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _measure(variants, lengths, budget_s, window, repeats, max_scores_gib, progress):
     fns = _variants(window)
     unknown = sorted(set(variants) - set(fns))
     if unknown:

@@ -229,8 +229,8 @@ def format_trace(trace: AttentionTrace, *, dims: int = 4, query: int | None = No
         for j in order.tolist():
             if row[j] > 0:
                 v = ", ".join(f"{float(x):.3f}" for x in trace.v[j, :shown]) + more
-                lines.append(f"  {row[j]:.3f} x V[{t[j]}] = {row[j]:.3f} x [{v}]")
+                lines.append(f"  {row[j]:.3f} x V[{j}:{t[j]}] = {row[j]:.3f} x [{v}]")
         out = ", ".join(f"{float(x):.3f}" for x in trace.output[query, :shown])
-        lines.append(f"  = output[{t[query]}] = [{out}{', ...' if trace.d_k > shown else ''}]")
+        lines.append(f"  = output[{query}:{t[query]}] = [{out}{more}]")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
