@@ -37,9 +37,8 @@ data:
 	  fi; \
 	fi
 
-demo: $(STAMP)
-	$(BIN)/attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞
-	$(BIN)/attnkit explain --causal 4
+demo: $(STAMP) data
+	$(BIN)/attnkit demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -1,0 +1,34 @@
+"""`attnkit demo`: every step runs and the report links every picture."""
+
+from pathlib import Path
+
+from attnkit.explain.demo import SENTENCE, it_attention, run_demo
+
+
+def test_demo_writes_the_report_and_the_pictures(tmp_path):
+    lines = []
+
+    def fake_train(out: Path, seconds: float):
+        out.mkdir(parents=True)
+        (out / "loss_curve.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+        return [out / "loss_curve.png"], f"trained {seconds:.0f} s"
+
+    report = run_demo(tmp_path, train_seconds=7, say=lines.append, train=fake_train)
+    text = "\n".join(lines)
+    assert "0.1384" in text and "0.3405" in text  # step 1: the notes' softmax
+    assert "it->animal" in text and "trained 7 s" in text  # steps 2 and 3
+    page = report.read_text()
+    for name in ("causal_mask.png", "it_attention_by_layer.png", "last_layer_heads.png",
+                 "loss_curve.png"):  # fmt: skip
+        assert name in page and any(p.name == name for p in tmp_path.rglob("*.png"))
+    assert "self-attention" in page
+
+
+def test_it_attends_to_animal_more_than_to_street_in_the_upper_layers():
+    from attnkit.explain.demo import _minilm
+
+    model, tokenizer = _minilm()
+    tokens, attentions, it = it_attention(model, tokenizer, SENTENCE)
+    animal, street = tokens.index("animal"), tokens.index("street")
+    upper = [a[0, :, it].mean(0) for a in attentions[3:]]
+    assert all(row[animal] > row[street] for row in upper)
