@@ -35,7 +35,7 @@ def main() -> None:
         progress=lambda r: print(f"  {r.variant} N={r.n} done", flush=True),
     )
     slopes = fit_slopes(rows)
-    print(format_complexity_table(rows, slopes))
+    print(format_complexity_table(rows, slopes, threads=args.threads))
     args.png.parent.mkdir(parents=True, exist_ok=True)
     print(f"wrote {plot_complexity(rows, args.png)}")
     if args.json:

@@ -92,7 +92,7 @@ def _explain_complexity(args: argparse.Namespace) -> None:
         ),
     )
     print()
-    print(format_complexity_table(rows, fit_slopes(rows)))
+    print(format_complexity_table(rows, fit_slopes(rows), threads=args.threads))
     if args.png:
         try:
             path = plot_complexity(rows, args.png)

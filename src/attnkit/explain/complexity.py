@@ -195,10 +195,13 @@ def fit_slopes(rows: Sequence[ComplexityRow], min_n: int = 1024) -> dict[str, di
     return slopes
 
 
-def format_complexity_table(rows: Sequence[ComplexityRow], slopes: dict | None = None) -> str:
+def format_complexity_table(
+    rows: Sequence[ComplexityRow], slopes: dict | None = None, threads: int | None = None
+) -> str:
+    threads = torch.get_num_threads() if threads is None else threads
     lines = [
         f"causal self-attention, B=1, {HEADS} heads, d_k={D_K}, float32, "
-        f"{torch.get_num_threads()} threads (window w={WINDOW})",
+        f"{threads} thread(s) (window w={WINDOW})",
         "",
         f"{'variant':<8} {'N':>6} {'forward ms':>11} {'fwd+bwd ms':>11} {'peak MiB':>9}",
     ]
