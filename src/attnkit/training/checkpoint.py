@@ -1,0 +1,246 @@
+"""Training checkpoints: one directory that is a loadable model *and* a resumable run.
+
+::
+
+    checkpoint/
+      config.json             \\  exactly what ``model.save_pretrained`` writes, so
+      model.safetensors        >  ``attnkit.from_pretrained(checkpoint)`` and
+      tokenizer.json          /   ``attnkit generate checkpoint "prompt"`` work on it
+      optimizer.safetensors   every tensor of the optimizer state ("state.<i>.exp_avg", ...)
+      optimizer.json          the rest of it: param groups (lr, betas, ...) and scalar state
+      trainer_state.json      step, epoch, position in the epoch, tokens seen, the torch RNG
+                              state (base64 of its uint8 tensor), the task and the recipe
+
+Nothing is pickled: tensors go to safetensors, everything else to JSON. The directory is built
+in a temporary sibling and renamed into place (:func:`attnkit.interop.atomic_directory`), so a
+crash or a kill part-way leaves the previous checkpoint as it was. One window remains: between
+the two renames that swap the old directory for the new one, only the old one exists, under
+the name ``.checkpoint.old-<pid>``; :func:`find_checkpoint` puts it back.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file
+from torch import Tensor, nn
+
+from attnkit.interop.pretrained import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    atomic_directory,
+    save_pretrained,
+)
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CheckpointError",
+    "TrainerState",
+    "find_checkpoint",
+    "load_checkpoint",
+    "optimizer_state_from_tensors",
+    "optimizer_state_to_tensors",
+    "read_trainer_state",
+    "restore_rng",
+    "save_checkpoint",
+]
+
+FORMAT = 1
+CHECKPOINT_DIR = "checkpoint"
+OPTIMIZER_TENSORS, OPTIMIZER_JSON = "optimizer.safetensors", "optimizer.json"
+STATE_FILE = "trainer_state.json"
+REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, STATE_FILE)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, incomplete or does not fit the run."""
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands. ``step`` updates are done; the next batch is ``batch_in_epoch`` of
+    ``epoch`` (for the LM task, ``PackedBlocks.batch(epoch, batch_in_epoch, B)``)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0  # training wall time so far, over all sessions
+    last_validation: dict[str, float] | None = None
+    torch_rng: str = ""  # base64 of torch.get_rng_state(), filled in by save_checkpoint
+    task: dict[str, Any] = field(default_factory=dict)  # what Task.describe() says
+    recipe: dict[str, Any] | None = None  # the recipe the run was started with, if any
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **asdict(self)}, indent=2, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = STATE_FILE) -> TrainerState:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CheckpointError(f"{source}: not an attnkit trainer state of format {FORMAT}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer state <-> (tensors, JSON)
+# --------------------------------------------------------------------------------------------
+
+
+def optimizer_state_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    """Split ``optimizer.state_dict()`` into a flat dict of tensors and a JSON-able rest.
+
+    ``{"state": {0: {"step": t, "exp_avg": t, ...}, ...}, "param_groups": [...]}`` becomes
+    tensors ``{"state.0.step": t, "state.0.exp_avg": t, ...}`` and JSON
+    ``{"state": {"0": {"step": {"tensor": "state.0.step"}, ...}}, "param_groups": [...]}``.
+    """
+    state_dict = optimizer.state_dict()
+    tensors: dict[str, Tensor] = {}
+    state: dict[str, dict[str, Any]] = {}
+    for index, entries in state_dict["state"].items():
+        state[str(index)] = {}
+        for name, value in entries.items():
+            if isinstance(value, Tensor):
+                key = f"state.{index}.{name}"
+                tensors[key] = value.detach().contiguous().clone()
+                state[str(index)][name] = {"tensor": key}
+            else:
+                state[str(index)][name] = value
+    return tensors, {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+def optimizer_state_from_tensors(tensors: dict[str, Tensor], meta: dict) -> dict[str, Any]:
+    """The inverse of :func:`optimizer_state_to_tensors`: a dict for ``load_state_dict``."""
+    state: dict[int, dict[str, Any]] = {}
+    for index, entries in meta["state"].items():
+        state[int(index)] = {
+            name: tensors[value["tensor"]] if isinstance(value, dict) else value
+            for name, value in entries.items()
+        }
+    groups = []
+    for group in meta["param_groups"]:
+        group = dict(group)
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])  # JSON has no tuples
+        groups.append(group)
+    return {"state": state, "param_groups": groups}
+
+
+# --------------------------------------------------------------------------------------------
+# Saving and loading
+# --------------------------------------------------------------------------------------------
+
+
+def _encode_rng(state: Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def restore_rng(state: TrainerState) -> None:
+    """Put back the torch CPU RNG state saved in ``state`` (dropout continues the same)."""
+    if state.torch_rng:
+        raw = base64.b64decode(state.torch_rng)
+        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    tokenizer=None,
+) -> Path:
+    """Write the checkpoint directory atomically (see the module docstring); return its path.
+
+    The model part is written by :func:`attnkit.interop.save_pretrained` itself, so it is
+    byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
+    """
+    state.torch_rng = _encode_rng(torch.get_rng_state())
+    tensors, meta = optimizer_state_to_tensors(optimizer)
+    with atomic_directory(directory) as tmp:
+        # save_pretrained swaps its own finished directory in for the (empty) temporary one.
+        save_pretrained(model, tmp, tokenizer=tokenizer)
+        save_file(tensors, str(tmp / OPTIMIZER_TENSORS))
+        (tmp / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        (tmp / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
+        _usual_permissions(tmp)
+    return Path(directory)
+
+
+def _usual_permissions(directory: Path) -> None:
+    """The modes a plain mkdir / open would give (temporary directories start private)."""
+    umask = os.umask(0o022)  # the only way to read the umask is to set it and put it back
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for path in directory.iterdir():
+        os.chmod(path, 0o666 & ~umask)
+
+
+def read_trainer_state(directory: str | os.PathLike[str]) -> TrainerState:
+    """The trainer state of a checkpoint, without loading any tensor."""
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory}: no {STATE_FILE}; not a training checkpoint (a model directory "
+            "without its run state)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+    return TrainerState.from_dict(data, str(path))
+
+
+def load_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> TrainerState:
+    """Load the weights into ``model`` (and the state into ``optimizer``); return the trainer
+    state. The RNG is not touched: call :func:`restore_rng` when the run really continues."""
+    directory = Path(directory)
+    missing = [name for name in REQUIRED if not (directory / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{directory}: incomplete checkpoint, missing {missing}")
+    state = read_trainer_state(directory)
+    try:
+        load_model(model, str(directory / WEIGHTS_FILE), strict=True)
+        if optimizer is not None:
+            tensors = load_file(str(directory / OPTIMIZER_TENSORS))
+            meta = json.loads((directory / OPTIMIZER_JSON).read_text(encoding="utf-8"))
+            optimizer.load_state_dict(optimizer_state_from_tensors(tensors, meta))
+    except (SafetensorError, OSError, RuntimeError, KeyError, ValueError) as error:
+        raise CheckpointError(
+            f"{directory}: the checkpoint does not fit this run ({error})"
+        ) from None
+    return state
+
+
+def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
+    """``run_dir/checkpoint`` if it exists (None otherwise), after tidying up a killed write.
+
+    Temporary directories of an unfinished write (``.checkpoint.tmp-*``) are removed. If the
+    checkpoint itself is missing but a previous one waits under ``.checkpoint.old-*`` (a kill
+    between the two renames of the swap), that one is renamed back into place.
+    """
+    run_dir = Path(run_dir)
+    target = run_dir / CHECKPOINT_DIR
+    if not run_dir.is_dir():
+        return None
+    for leftover in run_dir.glob(f".{CHECKPOINT_DIR}.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    olds = sorted(run_dir.glob(f".{CHECKPOINT_DIR}.old-*"), key=lambda p: p.stat().st_mtime)
+    if not target.exists() and olds:
+        os.replace(olds.pop(), target)
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)
+    return target if target.is_dir() else None

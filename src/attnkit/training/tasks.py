@@ -1,0 +1,189 @@
+"""Tasks: what the one training loop needs to know about a kind of training.
+
+The :class:`~attnkit.training.trainer.Trainer` is the same for every model family; a task
+supplies the rest::
+
+    task.steps_per_epoch(B)              how many batches make one pass over the training split
+    task.train_batch(epoch, i, B)        batch i of epoch e: a pure function of (seed, e, i, B),
+                                         so a resumed run asks for exactly the batch it would
+                                         have got (no data-loader state to save)
+    task.loss(model, batch, smoothing)   (mean loss over the batch's real tokens, their count)
+    task.evaluate(model, split, B, k)    {"loss": ..., plus the task's own metrics} on the first
+                                         k batches (all when k is None) of a held-out split
+    task.describe()                      JSON that goes into the checkpoint (the task's name...)
+    task.sample(model, tokenizer, ...)   a short demonstration for the end of training, or None
+
+:class:`LanguageModelTask` is next-token prediction on packed blocks (``DecoderLM``).
+A translation task (``Transformer``; batches from ``BucketBatchSampler.batches(epoch)``, BLEU
+in ``evaluate``) and a classification task (``EncoderClassifier``; accuracy) fit the same
+interface.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.data import PackedBlocks
+from attnkit.training.losses import label_smoothed_cross_entropy
+
+__all__ = ["Batch", "LanguageModelTask", "Task"]
+
+Batch = dict[str, Tensor]
+
+
+class Task(ABC):
+    """One kind of training: batches, the loss, evaluation. See the module docstring."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]  # the model family it trains: "decoder-only", "encoder-decoder", ...
+
+    @abstractmethod
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Full batches of ``batch_size`` in one pass over the training split."""
+
+    @abstractmethod
+    def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
+        """Batch ``index`` of ``epoch``; always the same tensors for the same arguments."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Batch, *, smoothing: float = 0.0) -> tuple[Tensor, int]:
+        """The training loss of one batch (a scalar, mean over real tokens) and their count."""
+
+    @abstractmethod
+    def evaluate(
+        self, model: nn.Module, split: str, *, batch_size: int, max_batches: int | None = None
+    ) -> dict[str, float]:
+        """Metrics on a held-out split; always includes ``"loss"``. Runs under no_grad."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the checkpoint records about the task."""
+        return {"name": self.name, "family": self.family}
+
+    def sample(self, model: nn.Module, tokenizer, *, prompt: str, max_new_tokens: int, seed: int):
+        """A short text the trained model makes, for the end of a run; None if the task has
+        no such thing."""
+        return None
+
+
+class LanguageModelTask(Task):
+    """Next-token prediction on blocks of a token stream (``DecoderLM``).
+
+    ``streams`` maps "train", "validation" and "test" to 1-D tensors of token ids (the test
+    split may be missing). Training batches are ``PackedBlocks(train, block_size,
+    seed=seed).batch(epoch, index, B)``: x (B, T) and y = x shifted by one. Evaluation reads the
+    held-out blocks in one fixed random order (seeded), so ``max_batches=k`` is the same k
+    batches every time, an unbiased sample of the whole split.
+
+    Metrics: ``loss`` (mean cross entropy in nats per token, no smoothing), ``perplexity``
+    = exp(loss), ``bits_per_token`` = loss / ln 2, ``tokens`` counted.
+    """
+
+    name = "lm"
+    family = "decoder-only"
+
+    def __init__(
+        self, streams: Mapping[str, Tensor], block_size: int, *, seed: int = 0, pad_id: int = 0
+    ) -> None:
+        if "train" not in streams or "validation" not in streams:
+            raise ValueError(
+                f"LanguageModelTask: streams must hold 'train' and 'validation', got "
+                f"{sorted(streams)}"
+            )
+        self.block_size, self.seed, self.pad_id = block_size, seed, pad_id
+        self.blocks: dict[str, PackedBlocks] = {}
+        for split, stream in streams.items():
+            if len(stream) < block_size + 1:
+                raise ValueError(
+                    f"LanguageModelTask: the {split} split has {len(stream)} tokens, fewer than "
+                    f"block_size + 1 = {block_size + 1}; use a smaller data.block_size"
+                )
+            self.blocks[split] = PackedBlocks(stream, block_size, seed=seed, shuffle=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "block_size": self.block_size,
+            "tokens": {split: len(blocks.tokens) for split, blocks in self.blocks.items()},
+        }
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return self.blocks["train"].steps_per_epoch(batch_size)
+
+    def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
+        x, y = self.blocks["train"].batch(epoch, index, batch_size)  # (B, T), (B, T)
+        return {"input_ids": x, "labels": y}
+
+    def loss(self, model: nn.Module, batch: Batch, *, smoothing: float = 0.0) -> tuple[Tensor, int]:
+        logits = model(batch["input_ids"])  # (B, T, V)
+        labels = batch["labels"]  # (B, T)
+        loss = label_smoothed_cross_entropy(
+            logits, labels, smoothing=smoothing, ignore_index=self.pad_id
+        )
+        return loss, int((labels != self.pad_id).sum())
+
+    def _eval_batches(self, split: str, batch_size: int, max_batches: int | None):
+        if split not in self.blocks:
+            raise ValueError(
+                f"LanguageModelTask.evaluate: split must be one of {sorted(self.blocks)}, "
+                f"got {split!r}"
+            )
+        blocks = self.blocks[split]
+        order = blocks.order(0)  # a fixed random order of all the split's blocks
+        count = math.ceil(len(order) / batch_size)
+        if max_batches is not None:
+            count = min(count, max_batches)
+        for b in range(count):
+            picked = order[b * batch_size : (b + 1) * batch_size].tolist()
+            pairs = [blocks[i] for i in picked]
+            yield torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, split: str, *, batch_size: int, max_batches: int | None = None
+    ) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        total, tokens = 0.0, 0
+        try:
+            for x, y in self._eval_batches(split, batch_size, max_batches):  # (B, T), (B, T)
+                logits = model(x)
+                total += float(
+                    label_smoothed_cross_entropy(
+                        logits, y, ignore_index=self.pad_id, reduction="sum"
+                    )
+                )
+                tokens += int((y != self.pad_id).sum())
+        finally:
+            model.train(was_training)
+        loss = total / max(tokens, 1)
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_token": loss / math.log(2),
+            "tokens": tokens,
+        }
+
+    @torch.no_grad()
+    def sample(self, model: nn.Module, tokenizer, *, prompt: str, max_new_tokens: int, seed: int):
+        """``prompt`` continued by sampling (temperature 0.8), within the model's max_len."""
+        if tokenizer is None or max_new_tokens <= 0:
+            return None
+        ids = tokenizer.encode(prompt) if prompt else [int(self.blocks["validation"].tokens[0])]
+        ids = ids[-(model.cfg.max_len - 1) :]
+        new = min(max_new_tokens, model.cfg.max_len - len(ids))
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(
+                torch.tensor([ids]), new, do_sample=True, temperature=0.8, seed=seed
+            )
+        finally:
+            model.train(was_training)
+        return tokenizer.decode(out[0].tolist())

@@ -1,0 +1,477 @@
+"""One training loop for every task: AdamW, clipping, a schedule, evaluation, exact resume.
+
+::
+
+    for step in 1 .. steps:
+        batch = task.train_batch(epoch, i, B)          # a pure function of (seed, epoch, i)
+        lr = schedule(step)                            # a pure function of the step
+        loss = task.loss(model, batch)                 # under bf16 autocast if asked
+        loss.backward(); clip ||g|| to `clip`; AdamW step
+        every log_every steps:         a line in metrics.jsonl (loss, lr, tokens/s)
+        every eval_every steps:        task.evaluate(model, "validation") -> metrics.jsonl
+        every checkpoint_every steps:  checkpoint/ (atomic: the old one or the new one)
+
+Everything that decides the next step is in the checkpoint: weights, optimizer state, the
+step, the data position (epoch, batch in epoch) and the torch RNG state (dropout). The
+schedule and the batches are pure functions of the step, so N steps, a stop, and a resume to
+2N give the same parameters, bit for bit on CPU, as 2N steps straight.
+
+Stopping: SIGINT (Ctrl-C) or SIGTERM finishes the current step, saves a checkpoint and returns
+(status "interrupted"); a second Ctrl-C gives up at once (the previous checkpoint stays good).
+A loss or gradient that is NaN or infinite raises :class:`TrainingDiverged` before the update,
+without saving over the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attnkit.training.checkpoint import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    TrainerState,
+    find_checkpoint,
+    load_checkpoint,
+    read_trainer_state,
+    restore_rng,
+    save_checkpoint,
+)
+from attnkit.training.metrics import MetricsLog, plot_loss_curve
+from attnkit.training.schedules import SCHEDULES, make_schedule
+from attnkit.training.tasks import Task
+
+__all__ = ["PRECISIONS", "TrainConfig", "TrainResult", "Trainer", "TrainingDiverged"]
+
+PRECISIONS = ("fp32", "bf16")
+METRICS_FILE, LOSS_CURVE_FILE, SAMPLE_FILE = "metrics.jsonl", "loss_curve.png", "sample.txt"
+
+
+@dataclass
+class TrainConfig:
+    """The ``[train]`` section of a recipe: optimisation, evaluation, checkpoints."""
+
+    steps: int = 1000  # optimizer updates in the whole run
+    batch_size: int = 32
+    lr: float = 1e-3  # the peak (cosine, constant); the multiplier of the paper's formula (noam)
+    schedule: str = "cosine"  # "cosine" | "noam" | "constant"
+    warmup: int = 100  # warm-up steps
+    min_lr_ratio: float = 0.1  # cosine: the floor, as a fraction of the peak
+    weight_decay: float = 0.1  # AdamW, on matrices only (not biases, norms)
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    clip: float = 1.0  # max gradient norm; 0 = no clipping
+    label_smoothing: float | None = None  # None: the model config's label_smoothing
+    eval_every: int = 250  # steps between validation runs
+    eval_batches: int = 20  # validation batches per run; 0 = the whole split
+    checkpoint_every: int = 500
+    log_every: int = 10  # steps per line of metrics.jsonl
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
+    seed: int = 0  # model init, data order, dropout
+    threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
+    sample_tokens: int = 200  # tokens of text to generate at the end (0: none)
+    sample_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "log_every"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("warmup", "eval_batches", "sample_tokens", "seed", "threads"):
+            _check_int(name, getattr(self, name), 0)
+        for name in ("lr", "eps"):
+            if not _is_number(getattr(self, name)) or not getattr(self, name) > 0:
+                raise ValueError(f"train.{name} must be a number > 0, got {getattr(self, name)!r}")
+        for name in ("weight_decay", "clip"):
+            if not _is_number(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be a number >= 0, got {getattr(self, name)!r}")
+        for name in ("beta1", "beta2", "min_lr_ratio"):
+            if not _is_number(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"train.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.label_smoothing is not None and (
+            not _is_number(self.label_smoothing) or not 0 <= self.label_smoothing < 1
+        ):
+            raise ValueError(
+                f"train.label_smoothing must be in [0, 1) or None, got {self.label_smoothing!r}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "noam" and self.warmup < 1:
+            raise ValueError("train.warmup must be >= 1 for the noam schedule")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"train.{name} must be an int >= {minimum}, got {value!r}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite; the update was not applied."""
+
+
+@dataclass
+class TrainResult:
+    """How :meth:`Trainer.fit` ended."""
+
+    status: str  # "finished", "paused" (reached `until`) or "interrupted" (a signal)
+    step: int
+    checkpoint: Path | None
+    validation: dict[str, float] | None
+    elapsed_s: float
+    signal: int | None = None
+    sample: str | None = None
+
+
+def precision_context(precision: str, device: torch.device):
+    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _format_time(seconds: float) -> str:
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+class Trainer:
+    """Trains ``model`` on ``task`` as ``config`` says, keeping everything in ``run_dir``.
+
+    ``run_dir`` gets ``checkpoint/`` (a model directory that also resumes the run),
+    ``metrics.jsonl``, ``loss_curve.png`` and ``sample.txt``. ``tokenizer`` and ``recipe`` (a
+    JSON-able dict) are stored with each checkpoint. Call :meth:`resume` first to continue a
+    run, then :meth:`fit`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        config: TrainConfig,
+        run_dir: str | Path,
+        *,
+        tokenizer=None,
+        recipe: dict[str, Any] | None = None,
+        quiet: bool = False,
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"Trainer: config must be a TrainConfig, got {type(config).__name__}")
+        self.model, self.task, self.config = model, task, config
+        self.run_dir = Path(run_dir)
+        self.tokenizer, self.quiet = tokenizer, quiet
+        self.device = next(model.parameters()).device
+        self.optimizer = self._make_optimizer()
+        smoothing = config.label_smoothing
+        cfg = getattr(model, "cfg", None)
+        if smoothing is None:
+            smoothing = getattr(cfg, "label_smoothing", 0.0)
+        self.smoothing = float(smoothing)
+        self.schedule = make_schedule(
+            config.schedule,
+            lr=config.lr,
+            warmup=config.warmup,
+            total=config.steps,
+            d_model=getattr(cfg, "d_model", 512),
+            min_ratio=config.min_lr_ratio,
+        )
+        self.state = TrainerState(task=task.describe(), recipe=recipe)
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        self._saved_step: int | None = None
+        self._stop_signal: int | None = None
+        self._bar = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / CHECKPOINT_DIR
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains."""
+        decay, no_decay = [], []
+        for _, param in self.model.named_parameters():  # a tied weight comes once
+            if param.requires_grad:
+                (decay if param.dim() >= 2 else no_decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": self.config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(
+            groups,
+            lr=self.config.lr,
+            betas=(self.config.beta1, self.config.beta2),
+            eps=self.config.eps,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Resume, save, evaluate
+    # ----------------------------------------------------------------------------------------
+
+    def resume(self) -> bool:
+        """Continue from ``run_dir/checkpoint`` if there is one: weights, optimizer, step, data
+        position and RNG. Returns False (and changes nothing) when there is none."""
+        directory = find_checkpoint(self.run_dir)
+        if directory is None:
+            return False
+        task = read_trainer_state(directory).task.get("name")
+        if task != self.task.name:
+            raise CheckpointError(
+                f"{directory}: the checkpoint is a {task!r} run, this is a {self.task.name!r} task"
+            )
+        state = load_checkpoint(directory, model=self.model, optimizer=self.optimizer)
+        restore_rng(state)
+        state.recipe = self.state.recipe if self.state.recipe is not None else state.recipe
+        state.task = self.task.describe()
+        self.state = state
+        self._saved_step = state.step
+        self.metrics.truncate_after(state.step)
+        return True
+
+    def save(self) -> Path:
+        """Write the checkpoint now (atomically)."""
+        path = save_checkpoint(
+            self.checkpoint_dir,
+            model=self.model,
+            optimizer=self.optimizer,
+            state=self.state,
+            tokenizer=self.tokenizer,
+        )
+        self._saved_step = self.state.step
+        return path
+
+    def evaluate(self, split: str = "validation", max_batches: int | None = None) -> dict:
+        """``task.evaluate`` under the run's precision."""
+        with precision_context(self.config.precision, self.device):
+            return self.task.evaluate(
+                self.model, split, batch_size=self.config.batch_size, max_batches=max_batches
+            )
+
+    # ----------------------------------------------------------------------------------------
+    # The loop
+    # ----------------------------------------------------------------------------------------
+
+    def _say(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self._bar is not None and not self._bar.disable:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT / SIGTERM set a flag the loop checks after each step; a second SIGINT raises
+        KeyboardInterrupt at once. Handlers can only be set from the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _diverged(self, what: str, value: float) -> TrainingDiverged:
+        state = self.state
+        kept = (
+            f"the last good checkpoint is {self.checkpoint_dir} (step {self._saved_step})"
+            if self._saved_step is not None
+            else "no checkpoint was written yet"
+        )
+        return TrainingDiverged(
+            f"{what} is {value} at step {state.step + 1} (epoch {state.epoch}, batch "
+            f"{state.batch_in_epoch}); the update was not applied and {kept}. Lower train.lr "
+            "or raise train.warmup / train.clip, then --resume"
+        )
+
+    def _train_step(self, steps_per_epoch: int) -> tuple[float, int, int]:
+        """One update. Returns (loss, real tokens, tokens in the batch)."""
+        state, config = self.state, self.config
+        if state.batch_in_epoch >= steps_per_epoch:  # batch_size grew since the checkpoint
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        batch = self.task.train_batch(state.epoch, state.batch_in_epoch, config.batch_size)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        lr = self.schedule(state.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with precision_context(config.precision, self.device):
+            loss, count = self.task.loss(self.model, batch, smoothing=self.smoothing)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise self._diverged("the loss", value)
+        loss.backward()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        # ||g|| is checked even without clipping (max_norm = inf then leaves g as it is).
+        norm = float(torch.nn.utils.clip_grad_norm_(params, config.clip or math.inf))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged("the gradient norm", norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.batch_in_epoch += 1
+        if state.batch_in_epoch >= steps_per_epoch:
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        n_tokens = sum(v.numel() for k, v in batch.items() if k == "input_ids")
+        state.tokens_seen += n_tokens
+        return value, count, n_tokens
+
+    def _validate(self) -> dict[str, float]:
+        config = self.config
+        result = self.evaluate("validation", config.eval_batches or None)
+        self.state.last_validation = result
+        record = {"split": "validation", "step": self.state.step, "epoch": self.state.epoch}
+        self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
+        extra = "".join(f"  {k} {v:.4g}" for k, v in result.items() if k not in ("loss", "tokens"))
+        self._say(f"step {self.state.step}: validation loss {result['loss']:.4f}{extra}")
+        return result
+
+    def fit(self, until: int | None = None) -> TrainResult:
+        """Train to ``config.steps`` (or stop early at step ``until``); save; return how it
+        ended. Raises :class:`TrainingDiverged` on a NaN/inf loss."""
+        config, state = self.config, self.state
+        steps_per_epoch = self.task.steps_per_epoch(config.batch_size)
+        if steps_per_epoch < 1:
+            raise ValueError(
+                f"train.batch_size={config.batch_size} is larger than the training split "
+                "(not one full batch per epoch)"
+            )
+        if state.step == 0:
+            torch.manual_seed(config.seed)
+            self.metrics.clear()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        stop_at = config.steps if until is None else min(until, config.steps)
+        self._stop_signal = None
+        self.model.train()
+
+        interactive = sys.stderr.isatty() and not self.quiet
+        self._bar = tqdm(
+            total=config.steps,
+            initial=state.step,
+            disable=not interactive,
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
+        window_loss, window_count, window_tokens, window_time = 0.0, 0, 0, 0.0
+        session_start, session_steps = time.perf_counter(), 0
+        try:
+            with self._stop_on_signals():
+                while state.step < stop_at and self._stop_signal is None:
+                    started = time.perf_counter()
+                    loss, count, n_tokens = self._train_step(steps_per_epoch)
+                    took = time.perf_counter() - started
+                    state.elapsed_s += took
+                    session_steps += 1
+                    window_loss += loss * count
+                    window_count += count
+                    window_tokens += n_tokens
+                    window_time += took
+                    self._bar.update(1)
+
+                    if state.step % config.log_every == 0 or state.step == config.steps:
+                        mean = window_loss / max(window_count, 1)
+                        rate = window_tokens / max(window_time, 1e-9)
+                        self.metrics.append(
+                            {
+                                "split": "train",
+                                "step": state.step,
+                                "epoch": state.epoch,
+                                "loss": mean,
+                                "lr": self.optimizer.param_groups[0]["lr"],
+                                "tokens_per_s": round(rate, 1),
+                                "elapsed_s": round(state.elapsed_s, 2),
+                            }
+                        )
+                        self._bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{rate:,.0f}")
+                        if not interactive:
+                            per_step = (time.perf_counter() - session_start) / session_steps
+                            eta = _format_time(per_step * (stop_at - state.step))
+                            self._say(
+                                f"step {state.step}/{config.steps}  loss {mean:.4f}  "
+                                f"lr {self.optimizer.param_groups[0]['lr']:.2e}  "
+                                f"{rate:,.0f} tok/s  elapsed {_format_time(state.elapsed_s)}  "
+                                f"eta {eta}"
+                            )
+                        window_loss, window_count, window_tokens, window_time = 0.0, 0, 0, 0.0
+
+                    if state.step % config.eval_every == 0 or state.step == config.steps:
+                        started = time.perf_counter()
+                        self._validate()
+                        state.elapsed_s += time.perf_counter() - started
+                    if state.step % config.checkpoint_every == 0:
+                        self.save()
+                if self._saved_step != state.step:
+                    self.save()
+        finally:
+            self._bar.close()
+            self._bar = None
+
+        if self._stop_signal is not None:
+            name = signal.Signals(self._stop_signal).name
+            self._say(
+                f"{name}: stopped at step {state.step}; checkpoint saved to "
+                f"{self.checkpoint_dir} (continue with --resume)"
+            )
+            status = "interrupted"
+        elif state.step < config.steps:
+            status = "paused"
+        else:
+            status = "finished"
+        sample = None
+        if status == "finished":
+            self.plot()
+            sample = self.task.sample(
+                self.model,
+                self.tokenizer,
+                prompt=config.sample_prompt,
+                max_new_tokens=config.sample_tokens,
+                seed=config.seed,
+            )
+            if sample is not None:
+                (self.run_dir / SAMPLE_FILE).write_text(sample + "\n", encoding="utf-8")
+        return TrainResult(
+            status=status,
+            step=state.step,
+            checkpoint=self.checkpoint_dir,
+            validation=state.last_validation,
+            elapsed_s=state.elapsed_s,
+            signal=self._stop_signal,
+            sample=sample,
+        )
+
+    def plot(self) -> Path:
+        """Draw ``loss_curve.png`` from ``metrics.jsonl``."""
+        recipe = self.state.recipe or {}
+        title = f"{recipe.get('name', self.task.name)}: loss per token"
+        return plot_loss_curve(self.metrics.read(), self.run_dir / LOSS_CURVE_FILE, title=title)
+
+
+def train_config_fields() -> list[str]:
+    """The names of TrainConfig's fields, in order (for help texts and recipe errors)."""
+    return [f.name for f in fields(TrainConfig)]

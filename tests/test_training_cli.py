@@ -1,0 +1,170 @@
+"""`attnkit train` and `attnkit evaluate`: both recipes in CI smoke mode (a tiny model, a few
+steps), exact resume through the command line, signals, and one-line usage errors."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SHAKESPEARE = str(EXAMPLES / "shakespeare-char.toml")
+PEOPLE_DAILY = str(EXAMPLES / "people-daily-char.toml")
+
+
+def tiny(**changes):
+    """--set options for a model and a run small enough for a test."""
+    values = {
+        "model.d_model": 32,
+        "model.n_heads": 2,
+        "model.n_layers": 1,
+        "model.d_ff": 64,
+        "model.dropout": 0.0,
+        "data.block_size": 32,
+        "data.max_chars": 60000,
+        "train.steps": 40,
+        "train.batch_size": 8,
+        "train.lr": 3e-3,
+        "train.warmup": 5,
+        "train.eval_every": 20,
+        "train.eval_batches": 2,
+        "train.checkpoint_every": 20,
+        "train.log_every": 10,
+        "train.sample_tokens": 20,
+        "train.threads": 1,
+        "train.precision": "fp32",
+        **changes,
+    }
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def records(run_dir, split):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "prompt"), [(SHAKESPEARE, "ROMEO."), (PEOPLE_DAILY, "中国")], ids=["en", "zh"]
+)
+def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt):
+    out = tmp_path / "run"
+    assert main(["train", recipe, "--out", str(out), *tiny()]) == 0
+    printed = capsys.readouterr().out
+    assert "finished: step 40" in printed and "validation loss" in printed
+
+    train, validation = records(out, "train"), records(out, "validation")
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5  # the loss falls
+    assert validation[-1]["loss"] < validation[0]["loss"]
+    assert (out / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "sample.txt").read_text(encoding="utf-8").strip()
+
+    ckpt = out / "checkpoint"
+    model = ak.from_pretrained(ckpt)
+    assert isinstance(model, ak.DecoderLM) and model.cfg.d_model == 32
+
+    assert main(["evaluate", str(ckpt), "--max-batches", "2"]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
+    assert {"split", "validation", "test"} <= rows.keys()
+    assert rows["split"][1:] == ["loss", "perplexity", "bits_per_token", "tokens"]
+    loss, perplexity = float(rows["validation"][1]), float(rows["validation"][2])
+    assert perplexity == pytest.approx(2.718281828**loss, rel=1e-3)
+
+    assert main(["evaluate", str(ckpt), "--split", "validation", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step"] == 40 and result["validation"]["tokens"] > 0
+
+    assert main(["generate", str(ckpt), prompt, "--max-new-tokens", "12", "--greedy"]) == 0
+    assert capsys.readouterr().out.startswith(prompt)
+
+
+def test_resume_through_the_command_line_is_exact(tmp_path, capsys):
+    """10 steps, then --resume to 20, writes the same bytes as 20 steps straight (a schedule
+    that does not depend on the total, so that the two runs are the same run)."""
+    common = tiny(**{"train.schedule": "constant", "model.dropout": 0.1, "train.sample_tokens": 0})
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["train", SHAKESPEARE, "--out", str(straight), "--quiet", *common]) == 0
+    first_half = [*common, "--set", "train.steps=20"]  # later --set options win
+    assert main(["train", SHAKESPEARE, "--out", str(resumed), "--quiet", *first_half]) == 0
+    assert main(["train", SHAKESPEARE, "--out", str(resumed), "--resume", *common]) == 0
+    assert "resuming at step 20 (epoch 0)" in capsys.readouterr().out
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        assert (straight / "checkpoint" / name).read_bytes() == (
+            resumed / "checkpoint" / name
+        ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "train.lrr=1"], "unknown key 'train.lrr'"),
+        (["--set", "train.steps=ten"], "train.steps must be int, got 'ten'"),
+        (["--set", "model.d_model=33"], "must divide d_model=33"),
+        (["--precision", "fp16"], "argument --precision: invalid choice"),
+    ],
+)
+def test_train_usage_errors_are_one_line_naming_the_key(tmp_path, capsys, argv, message):
+    assert main(["train", SHAKESPEARE, "--out", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_run_directory_errors(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["train", str(tmp_path / "none.toml")]) == 2
+    assert "no such recipe file" in capsys.readouterr().err
+    assert main(["train", SHAKESPEARE, "--out", out, "--resume", *tiny()]) == 2
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert main(["train", SHAKESPEARE, "--out", out, "--quiet", *tiny(**{"train.steps": 2})]) == 0
+    assert main(["train", SHAKESPEARE, "--out", out, *tiny()]) == 2
+    assert "already holds a checkpoint (step 2); add --resume" in capsys.readouterr().err
+    assert main(["train", SHAKESPEARE, "--out", out, "--resume", *tiny(**{"model.d_ff": 48})]) == 2
+    assert "model.d_ff: 64 -> 48" in capsys.readouterr().err
+
+
+def test_evaluate_usage_errors(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    ak.DecoderLM(ak.ModelConfig.preset("tiny")).save_pretrained(tmp_path / "plain")
+    assert main(["evaluate", str(tmp_path / "plain")]) == 2
+    assert "not a training checkpoint" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "plain"), "--max-batches", "0"]) == 2
+
+
+def test_help_shows_examples(capsys):
+    for command in ("train", "evaluate"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert f"attnkit {command} " in capsys.readouterr().out.split("examples:")[1]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "attnkit.cli", "train", SHAKESPEARE, "--out", str(out)]
+    argv += tiny(**{"train.steps": 100000, "train.log_every": 1, "train.eval_every": 1000})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "SIGTERM: stopped at step" in stdout and "Traceback" not in stderr
+    state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] >= 1
+    assert isinstance(ak.from_pretrained(out / "checkpoint"), ak.DecoderLM)

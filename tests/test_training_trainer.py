@@ -1,0 +1,305 @@
+"""The training loop: exact resume (bit for bit), atomic checkpoints, signals, divergence."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.data import CharTokenizer
+from attnkit.training import (
+    LanguageModelTask,
+    TrainConfig,
+    Trainer,
+    TrainingDiverged,
+    find_checkpoint,
+    load_checkpoint,
+    read_trainer_state,
+)
+from attnkit.training import checkpoint as checkpoint_module
+
+TEXT = "to be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_task(block_size=16):
+    tok = CharTokenizer.train([TEXT])
+    ids = torch.tensor(tok.encode(TEXT * 5))  # 24 blocks of 16: 6 steps of 4 per epoch
+    task = LanguageModelTask({"train": ids, "validation": ids[:200]}, block_size, seed=3)
+    return task, tok
+
+
+def make_model(vocab_size, dropout=0.1):
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset(
+        "tiny", vocab_size=vocab_size, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=16
+    )
+    return ak.DecoderLM(cfg.replace(dropout=dropout))
+
+
+CONFIG = dict(
+    steps=14,
+    batch_size=4,
+    lr=3e-3,
+    warmup=3,
+    eval_every=3,
+    eval_batches=2,
+    checkpoint_every=4,
+    log_every=2,
+    sample_tokens=0,
+)
+
+
+def make_trainer(run_dir, task_wrapper=None, **changes):
+    task, tok = make_task()
+    if task_wrapper is not None:
+        task = task_wrapper(task)
+    model = make_model(tok.vocab_size)
+    return Trainer(model, task, TrainConfig(**{**CONFIG, **changes}), run_dir, tokenizer=tok)
+
+
+def assert_same_run(a, b):
+    for (name, p), (_, q) in zip(
+        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    assert sa["state"].keys() == sb["state"].keys()
+    for index, entries in sa["state"].items():
+        for name, value in entries.items():
+            assert torch.equal(value, sb["state"][index][name]), (index, name)
+    assert (a.state.step, a.state.epoch, a.state.batch_in_epoch) == (
+        b.state.step,
+        b.state.epoch,
+        b.state.batch_in_epoch,
+    )
+    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+
+
+def losses(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["split"], r["step"], r["loss"]) for r in records]
+
+
+# --------------------------------------------------------------------------------------------
+# Exact resume
+# --------------------------------------------------------------------------------------------
+
+
+def test_stop_and_resume_gives_the_same_parameters_bit_for_bit(tmp_path):
+    straight = make_trainer(tmp_path / "straight")
+    assert straight.fit().status == "finished"
+    rng_straight = torch.get_rng_state()
+
+    first = make_trainer(tmp_path / "resumed")
+    result = first.fit(until=7)  # mid-epoch, between checkpoints, dropout on
+    assert (result.status, result.step) == ("paused", 7)
+    assert read_trainer_state(tmp_path / "resumed" / "checkpoint").step == 7
+    torch.manual_seed(12345)  # whatever happens in between must not matter
+    second = make_trainer(tmp_path / "resumed")
+    assert second.resume() and second.state.step == 7
+    assert (second.state.epoch, second.state.batch_in_epoch) == (1, 1)
+    assert second.fit().status == "finished"
+
+    assert_same_run(straight, second)
+    assert torch.equal(torch.get_rng_state(), rng_straight)
+    # The metrics agree too, but for the first train record after the resume, which averages
+    # the loss over the steps since the stop only.
+    assert [r for r in losses(tmp_path / "straight") if r[:2] != ("train", 8)] == [
+        r for r in losses(tmp_path / "resumed") if r[:2] != ("train", 8)
+    ]
+    assert (tmp_path / "resumed" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_without_a_checkpoint_changes_nothing(tmp_path):
+    trainer = make_trainer(tmp_path / "run")
+    assert trainer.resume() is False and trainer.state.step == 0
+
+
+def test_the_checkpoint_is_a_model_directory_and_stores_no_pickle(tmp_path):
+    trainer = make_trainer(tmp_path / "run")
+    trainer.fit()
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "tokenizer.json",
+        "trainer_state.json",
+    ]
+    loaded = ak.from_pretrained(ckpt)
+    for (name, p), (_, q) in zip(
+        trainer.model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["step"] == 14 and state["torch_rng"] and state["task"]["name"] == "lm"
+    for path in ckpt.iterdir():
+        assert b"\x80\x04\x95" not in path.read_bytes()[:64]  # no pickle protocol header
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_write_that_fails_part_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path / "run", steps=8)
+    trainer.fit(until=4)
+    ckpt = tmp_path / "run" / "checkpoint"
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+
+    def half_then_fail(tensors, filename, *args, **kwargs):
+        with open(filename, "wb") as f:
+            f.write(b"\x00" * 100)  # part of a file, then the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "save_file", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.fit()  # the checkpoint at step 8 fails
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")) == []
+    monkeypatch.undo()
+    again = make_trainer(tmp_path / "run", steps=8)
+    assert again.resume() and again.state.step == 4
+
+
+def test_a_kill_between_the_two_renames_is_repaired(tmp_path):
+    trainer = make_trainer(tmp_path / "run", steps=4)
+    trainer.fit()
+    run = tmp_path / "run"
+    os.replace(run / "checkpoint", run / ".checkpoint.old-999")  # the old one, moved aside
+    (run / ".checkpoint.tmp-abc").mkdir()  # and an unfinished new one
+    assert find_checkpoint(run) == run / "checkpoint"
+    assert read_trainer_state(run / "checkpoint").step == 4
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, torch, attnkit as ak
+    from attnkit.training import TrainerState, save_checkpoint
+    torch.set_num_threads(1)
+    model = ak.DecoderLM(ak.ModelConfig.preset("tiny", d_model=128, n_layers=4, d_ff=512))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[5, 6, 7]])).sum().backward()
+    optimizer.step()
+    step = 0
+    while True:
+        step += 1
+        save_checkpoint(sys.argv[1], model=model, optimizer=optimizer,
+                        state=TrainerState(step=step))
+        print(step, flush=True)
+    """
+)
+
+
+def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path):
+    """The child does nothing but write checkpoints, so a kill lands in the middle of one."""
+    ckpt = tmp_path / "run" / "checkpoint"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(ckpt)], stdout=subprocess.PIPE, text=True
+    )
+    for _ in range(3):
+        proc.stdout.readline()  # three complete checkpoints
+    time.sleep(0.007)
+    proc.kill()
+    proc.wait()
+    found = find_checkpoint(tmp_path / "run")
+    assert found == ckpt
+    model = ak.DecoderLM(ak.ModelConfig.preset("tiny", d_model=128, n_layers=4, d_ff=512))
+    optimizer = torch.optim.AdamW(model.parameters())
+    assert load_checkpoint(found, model=model, optimizer=optimizer).step >= 3
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint"]
+
+
+# --------------------------------------------------------------------------------------------
+# Signals and divergence
+# --------------------------------------------------------------------------------------------
+
+
+class SignalAt:
+    """The task, sending ``signum`` to this process while fetching the batch of step ``at``."""
+
+    def __init__(self, task, at, signum):
+        self.task, self.at, self.signum = task, at, signum
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def train_batch(self, epoch, index, batch_size):
+        self.calls += 1
+        if self.calls == self.at:
+            os.kill(os.getpid(), self.signum)
+        return self.task.train_batch(epoch, index, batch_size)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, signum):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    interrupted = make_trainer(tmp_path / "run", lambda task: SignalAt(task, 6, signum))
+    result = interrupted.fit()
+    assert (result.status, result.step, result.signal) == ("interrupted", 6, signum)
+    assert read_trainer_state(tmp_path / "run" / "checkpoint").step == 6
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+    resumed = make_trainer(tmp_path / "run")
+    assert resumed.resume()
+    resumed.fit()
+    straight = make_trainer(tmp_path / "straight")
+    straight.fit()
+    assert_same_run(straight, resumed)
+
+
+class NaNAt:
+    def __init__(self, task, at):
+        self.task, self.at, self.calls = task, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def loss(self, model, batch, *, smoothing=0.0):
+        self.calls += 1
+        loss, count = self.task.loss(model, batch, smoothing=smoothing)
+        return (loss * float("nan") if self.calls == self.at else loss), count
+
+
+def test_a_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
+    trainer = make_trainer(tmp_path / "run", lambda task: NaNAt(task, 7))
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 7 .*checkpoint.*step 4"):
+        trainer.fit()
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert read_trainer_state(ckpt).step == 4
+    reference = make_trainer(tmp_path / "ref")
+    reference.fit(until=4)
+    loaded = ak.from_pretrained(ckpt)
+    for (name, p), (_, q) in zip(
+        reference.model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(p, q), name
+
+
+def test_trainer_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"train\.steps must be an int >= 1"):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError, match=r"train\.precision must be one of"):
+        TrainConfig(precision="fp16")
+    with pytest.raises(ValueError, match=r"train\.beta2 must be in"):
+        TrainConfig(beta2=1.5)
