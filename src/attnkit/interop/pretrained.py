@@ -70,6 +70,11 @@ def atomic_directory(path: str | os.PathLike[str]):
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
+        umask = os.umask(0o022)  # read the umask (only settable), then put it back
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a model directory is for sharing
+        for child in tmp.rglob("*"):
+            os.chmod(child, (0o777 if child.is_dir() else 0o666) & ~umask)
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{os.getpid()}"
