@@ -57,7 +57,8 @@ def _minilm():
 
 def train_for_demo(out: Path, seconds: float) -> tuple[list[Path], str]:
     """Train the shakespeare-char-3min recipe, cut to about ``seconds`` on 2 cores (it runs
-    about 2.5 steps a second there), into ``out``; return its pictures and a sample."""
+    about 4 steps a second there with one thread), into ``out``; return its pictures and a
+    sample."""
     import shutil
 
     from attnkit.training import Trainer
@@ -66,7 +67,7 @@ def train_for_demo(out: Path, seconds: float) -> tuple[list[Path], str]:
     recipe_path = Path(__file__).resolve().parents[3] / "examples" / "shakespeare-char-3min.toml"
     if not recipe_path.is_file():
         raise FileNotFoundError(f"the demo recipe is missing: {recipe_path}")
-    steps = max(30, round(seconds * 2.5))
+    steps = max(30, round(seconds * 4))
     recipe = load_recipe(
         recipe_path,
         [
