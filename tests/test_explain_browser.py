@@ -7,6 +7,7 @@ browser reads commands on fd 3 and writes replies on fd 4, each a JSON message e
 The browser gets a fresh profile directory and every network-related feature switched off.
 """
 
+import base64
 import fcntl
 import json
 import os
@@ -122,6 +123,12 @@ class Browser:
             raise RuntimeError(f"JavaScript failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def screenshot(self, path: Path) -> Path:
+        """Save what the page shows as a PNG."""
+        data = self.send("Page.captureScreenshot", {"format": "png"}, self.session)["data"]
+        path.write_bytes(base64.b64decode(data))
+        return path
+
     def close(self) -> None:
         try:
             self.send("Browser.close")
@@ -218,3 +225,5 @@ def test_report_draws_selects_and_hovers_in_chromium(tmp_path: Path, browser: Br
     assert browser.js("document.body.hasAttribute('data-pwned')") is False
     # the picture beside the report loaded (relative path, allowed by the page's policy)
     assert browser.js("[...document.images].map(i => i.naturalWidth)") == [1]
+    shot = browser.screenshot(tmp_path / "report_screenshot.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 1000
