@@ -96,20 +96,27 @@ def _family(model: nn.Module) -> str:
     return family
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike[str], *, tokenizer=None) -> Path:
-    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically."""
+def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> None:
+    """Write config.json + model.safetensors (+ tokenizer.json) into an existing directory,
+    not atomically: for writers (training checkpoints) that make their own directory atomic."""
     family = _family(model)
     meta: dict[str, Any] = {"format": FORMAT, "family": family}
     if isinstance(model, EncoderClassifier):
         meta["num_classes"] = model.classifier.out_features
         meta["pooling"] = model.pooling
+    (directory / CONFIG_FILE).write_text(
+        json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
+    )
+    save_model(model, str(directory / WEIGHTS_FILE))
+    if tokenizer is not None:
+        tokenizer.save(directory / TOKENIZER_FILE)
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike[str], *, tokenizer=None) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically."""
+    _family(model)  # refuse a non-attnkit model before creating anything
     with atomic_directory(directory) as tmp:
-        (tmp / CONFIG_FILE).write_text(
-            json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
-        )
-        save_model(model, str(tmp / WEIGHTS_FILE))
-        if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER_FILE)
+        write_pretrained(model, tmp, tokenizer=tokenizer)
     return Path(directory)
 
 

@@ -37,7 +37,7 @@ from attnkit.interop.pretrained import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     atomic_directory,
-    save_pretrained,
+    write_pretrained,
 )
 
 __all__ = [
@@ -160,28 +160,17 @@ def save_checkpoint(
 ) -> Path:
     """Write the checkpoint directory atomically (see the module docstring); return its path.
 
-    The model part is written by :func:`attnkit.interop.save_pretrained` itself, so it is
+    The model part is written by :func:`attnkit.interop.pretrained.write_pretrained`, so it is
     byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
     """
     state.torch_rng = _encode_rng(torch.get_rng_state())
     tensors, meta = optimizer_state_to_tensors(optimizer)
-    with atomic_directory(directory) as tmp:
-        # save_pretrained swaps its own finished directory in for the (empty) temporary one.
-        save_pretrained(model, tmp, tokenizer=tokenizer)
+    with atomic_directory(directory) as tmp:  # one temporary directory, renamed at the end
+        write_pretrained(model, tmp, tokenizer=tokenizer)
         save_file(tensors, str(tmp / OPTIMIZER_TENSORS))
         (tmp / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         (tmp / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
-        _usual_permissions(tmp)
     return Path(directory)
-
-
-def _usual_permissions(directory: Path) -> None:
-    """The modes a plain mkdir / open would give (temporary directories start private)."""
-    umask = os.umask(0o022)  # the only way to read the umask is to set it and put it back
-    os.umask(umask)
-    os.chmod(directory, 0o777 & ~umask)
-    for path in directory.iterdir():
-        os.chmod(path, 0o666 & ~umask)
 
 
 def read_trainer_state(directory: str | os.PathLike[str]) -> TrainerState:
@@ -228,7 +217,8 @@ def load_checkpoint(
 def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     """``run_dir/checkpoint`` if it exists (None otherwise), after tidying up a killed write.
 
-    Temporary directories of an unfinished write (``.checkpoint.tmp-*``) are removed. If the
+    Temporary directories of an unfinished write (``.checkpoint.tmp-*``, and the
+    ``..checkpoint.tmp-*`` ones of the model part inside it) are removed. If the
     checkpoint itself is missing but a previous one waits under ``.checkpoint.old-*`` (a kill
     between the two renames of the swap), that one is renamed back into place.
     """
@@ -236,8 +226,11 @@ def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     target = run_dir / CHECKPOINT_DIR
     if not run_dir.is_dir():
         return None
-    for leftover in run_dir.glob(f".{CHECKPOINT_DIR}.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    # ".checkpoint.tmp-*" is an unfinished write; "..checkpoint.tmp-*" the nested temporaries
+    # that earlier versions (which wrote the model part atomically inside it) could leave.
+    for pattern in (f".{CHECKPOINT_DIR}.tmp-*", f"..{CHECKPOINT_DIR}.tmp-*"):
+        for leftover in run_dir.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
     olds = sorted(run_dir.glob(f".{CHECKPOINT_DIR}.old-*"), key=lambda p: p.stat().st_mtime)
     if not target.exists() and olds:
         os.replace(olds.pop(), target)
