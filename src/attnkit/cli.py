@@ -68,8 +68,8 @@ def _explain_scaling(args: argparse.Namespace) -> None:
     if args.png:
         try:
             path = plot_scaling(rows, args.png)
-        except OSError as error:
-            raise UsageError(f"--png: cannot write {args.png}: {error.strerror}") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--png: cannot write {args.png}: {error}") from None
         print(f"\nwrote {path}")
 
 
@@ -108,10 +108,8 @@ def _tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: i
     """(model, [(ids, tokens) per text]): a saved model with its tokenizer, or an untrained
     preset of the given family whose vocabulary is the texts' words (or characters)."""
     if model_path:
-        from attnkit.interop import load_tokenizer_for
-
         model = _load_model(model_path, "--model")
-        tokenizer = load_tokenizer_for(model_path)
+        tokenizer = _load_tokenizer(model_path, "--model")
         if tokenizer is None:
             raise UsageError(f"--model: {model_path} has no tokenizer.json")
         out = []
@@ -136,6 +134,8 @@ def _explain_text(args: argparse.Namespace) -> None:
     """One head's attention over a sentence, every number shown (explain.trace)."""
     from attnkit.explain.trace import format_trace, trace_attention
 
+    if args.dims < 1:
+        raise UsageError(f"--dims: must be a positive integer, got {args.dims}")
     family = DecoderLM if args.causal is not None else EncoderModel
     model, [(ids, tokens)] = _tokenize_for(args.model, [args.topic], args.preset, args.seed, family)
     if not ids:
@@ -398,10 +398,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from attnkit.training import (
         CheckpointError,
         Trainer,
-        TrainingDiverged,
         find_checkpoint,
         read_trainer_state,
     )
+    from attnkit.training.distributed import cleanup
     from attnkit.training.recipes import (
         RecipeError,
         build_model,
@@ -410,6 +410,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         recipe_differences,
     )
 
+    if args.strategy == "fsdp":
+        raise UsageError(
+            "--strategy fsdp: not supported by the trainer yet (FSDP2 itself runs on CPU/gloo "
+            "in torch 2.13, but checkpoints need a full-state gather first); use --strategy ddp"
+        )
+    if args.nproc is not None:
+        return _launch_torchrun(args)
     overrides = list(args.set)
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
@@ -448,21 +455,63 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.recipe}: {error}") from None
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
-    trainer = Trainer(
-        model,
-        task,
-        recipe.train,
-        out,
-        tokenizer=tokenizer,
-        recipe=recipe.to_dict(),
-        quiet=args.quiet,
-    )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out: cannot create the run directory {out}: {error}") from None
+    try:
+        trainer = Trainer(
+            model,
+            task,
+            recipe.train,
+            out,
+            tokenizer=tokenizer,
+            recipe=recipe.to_dict(),
+            quiet=args.quiet,
+            strategy=args.strategy,
+        )
+    except ValueError as error:  # a distributed setup that cannot work (batch < world)
+        raise UsageError(str(error)) from None
+    try:
+        return _run_trainer(args, trainer, recipe, model, task, tokenizer, out)
+    finally:
+        cleanup()
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """``attnkit train ... --nproc N``: the same command under ``torchrun --standalone``."""
+    import subprocess
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if "LOCAL_RANK" in os.environ:
+        raise UsageError("--nproc: this process already runs under torchrun; drop --nproc")
+    rest = [args.recipe]
+    for item in args.set:
+        rest += ["--set", item]
+    if args.out:
+        rest += ["--out", args.out]
+    rest += ["--resume"] * args.resume + ["--quiet"] * args.quiet
+    if args.precision:
+        rest += ["--precision", args.precision]
+    rest += ["--strategy", args.strategy]
+    launcher = ["--standalone", "--nproc-per-node", str(args.nproc), "-m", "attnkit.train"]
+    if not args.quiet:
+        print("torchrun " + " ".join(launcher + rest), flush=True)
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher, *rest]
+    return subprocess.run(command, check=False).returncode
+
+
+def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
+    from attnkit.training import CheckpointError, TrainingDiverged
+
     if args.resume:
         try:
             trainer.resume()
         except CheckpointError as error:
             raise UsageError(f"--resume: {error}") from None
-    say = (lambda *a, **k: None) if args.quiet else print
+    main_rank = trainer.dist.is_main
+    say = (lambda *a, **k: None) if args.quiet or not main_rank else print
     cfg, train = model.cfg, recipe.train
     tokens = task.describe().get("tokens", {})
     say(f"attnkit train {recipe.name} -> {out}")
@@ -480,13 +529,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"  train  {train.steps:,} steps x {train.batch_size}, {train.schedule} lr {train.lr:g}, "
         f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
         f"{torch.get_num_threads()} CPU thread(s)"
+        + (f", {trainer.dist.world} processes (ddp)" if trainer.dist.enabled else "")
     )
     if args.resume:
         say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
     try:
         result = trainer.fit()
     except TrainingDiverged as error:
-        print(f"attnkit: error: {error}", file=sys.stderr)
+        if main_rank:  # every rank sees the same global loss and gradient norm
+            print(f"attnkit: error: {error}", file=sys.stderr)
         return 1
     validation = result.validation or {}
     summary = f"{result.status}: step {result.step:,}"
@@ -590,7 +641,8 @@ def _add_training_commands(commands) -> None:
             "  attnkit train examples/shakespeare-char.toml --set train.steps=200 "
             "--set model.n_layers=2 --out runs/quick\n"
             "  attnkit train examples/shakespeare-char.toml --resume\n"
-            "  attnkit train examples/people-daily-char.toml --quiet"
+            "  attnkit train examples/people-daily-char.toml --quiet\n"
+            "  attnkit train examples/shakespeare-char.toml --nproc 2"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -612,6 +664,19 @@ def _add_training_commands(commands) -> None:
         help="bf16 autocast (the same as --set train.precision=bf16)",
     )
     train.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="data-parallel on N processes: runs 'torchrun --standalone --nproc-per-node N "
+        "-m attnkit.train' with the other options",
+    )
+    train.add_argument(
+        "--strategy",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="under torchrun: DistributedDataParallel (default); fsdp is not supported yet",
+    )
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser(

@@ -8,6 +8,7 @@
   optimizer and trainer state, no pickle, written atomically).
 - :mod:`~attnkit.training.metrics`: ``metrics.jsonl`` and the loss-curve PNG.
 - :mod:`~attnkit.training.trainer`: ``TrainConfig``, ``Trainer``.
+- :mod:`~attnkit.training.distributed`: data-parallel training under torchrun (DDP).
 - :mod:`~attnkit.training.recipes`: TOML recipes with typed ``--set`` overrides.
 """
 

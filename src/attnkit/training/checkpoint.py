@@ -217,8 +217,8 @@ def load_checkpoint(
 def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     """``run_dir/checkpoint`` if it exists (None otherwise), after tidying up a killed write.
 
-    Temporary directories of an unfinished write (``.checkpoint.tmp-*``, and the
-    ``..checkpoint.tmp-*`` ones of the model part inside it) are removed. If the
+    Temporary directories of an unfinished write (``.checkpoint.tmp-*``, and the nested
+    ``..checkpoint.tmp-*`` that earlier versions could leave) are removed. If the
     checkpoint itself is missing but a previous one waits under ``.checkpoint.old-*`` (a kill
     between the two renames of the swap), that one is renamed back into place.
     """

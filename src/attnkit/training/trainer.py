@@ -11,6 +11,12 @@
         every eval_every steps:        task.evaluate(model, "validation") -> metrics.jsonl
         every checkpoint_every steps:  checkpoint/ (atomic: the old one or the new one)
 
+Under torchrun (RANK / WORLD_SIZE set) the same loop runs data-parallel: the model is wrapped
+in DistributedDataParallel, each rank trains on rows ``rank::world`` of the global batch with
+a loss weighted so the gradient equals the single-process one (see
+:mod:`attnkit.training.distributed`), and rank 0 alone logs and writes checkpoints. The
+checkpoint holds the unwrapped model, so it does not depend on the world size.
+
 Everything that decides the next step is in the checkpoint: weights, optimizer state, the
 step, the data position (epoch, batch in epoch) and the torch RNG state (dropout). The
 schedule and the batches are pure functions of the step, so N steps, a stop, and a resume to
@@ -48,6 +54,7 @@ from attnkit.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from attnkit.training.distributed import STRATEGIES, init_distributed, shard_batch
 from attnkit.training.metrics import MetricsLog, plot_loss_curve
 from attnkit.training.schedules import SCHEDULES, make_schedule
 from attnkit.training.tasks import Task
@@ -161,6 +168,10 @@ class Trainer:
     ``metrics.jsonl``, ``loss_curve.png`` and ``sample.txt``. ``tokenizer`` and ``recipe`` (a
     JSON-able dict) are stored with each checkpoint. Call :meth:`resume` first to continue a
     run, then :meth:`fit`.
+
+    Under torchrun the trainer joins the process group itself and trains data-parallel;
+    ``strategy`` is "ddp" (DistributedDataParallel; "fsdp" is refused for now). Every rank
+    runs validation (on the same data, so they stay in step); rank 0 alone logs and saves.
     """
 
     def __init__(
@@ -173,12 +184,17 @@ class Trainer:
         tokenizer=None,
         recipe: dict[str, Any] | None = None,
         quiet: bool = False,
+        strategy: str = "ddp",
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"Trainer: config must be a TrainConfig, got {type(config).__name__}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"Trainer: strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.model, self.task, self.config = model, task, config
         self.run_dir = Path(run_dir)
-        self.tokenizer, self.quiet = tokenizer, quiet
+        self.dist = init_distributed()  # a single process unless torchrun started this one
+        self.tokenizer, self.quiet = tokenizer, quiet or not self.dist.is_main
+        self.train_model = self._wrap(model, strategy)  # what the training forward runs
         self.device = next(model.parameters()).device
         self.optimizer = self._make_optimizer()
         smoothing = config.label_smoothing
@@ -198,11 +214,42 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         self._saved_step: int | None = None
         self._stop_signal: int | None = None
+        self._stop_agreed = False
         self._bar = None
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / CHECKPOINT_DIR
+
+    def _wrap(self, model: nn.Module, strategy: str) -> nn.Module:
+        """The model itself for one process; DistributedDataParallel around it under torchrun.
+        ``self.model`` stays the plain module: evaluation, sampling and checkpoints use it."""
+        env = self.dist
+        if not env.enabled:
+            return model
+        if strategy == "fsdp":
+            raise ValueError(
+                "strategy 'fsdp' is not supported by the trainer yet (FSDP2 itself runs on "
+                "CPU/gloo, but checkpoints would need a full-state gather); use 'ddp'"
+            )
+        if self.config.batch_size < env.world:
+            raise ValueError(
+                f"train.batch_size={self.config.batch_size} is smaller than the world size "
+                f"{env.world}: every rank needs at least one row of each batch"
+            )
+        device_ids = None
+        if torch.cuda.is_available():
+            model.to(torch.device("cuda", env.local_rank))
+            device_ids = [env.local_rank]
+        # MoE experts a batch does not route to get no gradient; DDP must be told.
+        unused = bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=device_ids, find_unused_parameters=unused
+        )
+
+    def _barrier(self) -> None:
+        if self.dist.enabled:
+            torch.distributed.barrier()
 
     def _make_optimizer(self) -> torch.optim.AdamW:
         """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains."""
@@ -242,20 +289,24 @@ class Trainer:
         state.task = self.task.describe()
         self.state = state
         self._saved_step = state.step
-        self.metrics.truncate_after(state.step)
+        if self.dist.is_main:
+            self.metrics.truncate_after(state.step)
         return True
 
     def save(self) -> Path:
-        """Write the checkpoint now (atomically)."""
-        path = save_checkpoint(
-            self.checkpoint_dir,
-            model=self.model,
-            optimizer=self.optimizer,
-            state=self.state,
-            tokenizer=self.tokenizer,
-        )
+        """Write the checkpoint now (atomically); under torchrun rank 0 writes it and the
+        others wait until it is there. The model saved is the unwrapped one."""
+        if self.dist.is_main:
+            save_checkpoint(
+                self.checkpoint_dir,
+                model=self.model,
+                optimizer=self.optimizer,
+                state=self.state,
+                tokenizer=self.tokenizer,
+            )
+        self._barrier()
         self._saved_step = self.state.step
-        return path
+        return self.checkpoint_dir
 
     def evaluate(self, split: str = "validation", max_batches: int | None = None) -> dict:
         """``task.evaluate`` under the run's precision."""
@@ -296,6 +347,10 @@ class Trainer:
             for s, h in previous.items():
                 signal.signal(s, h)
 
+    def _stopping(self) -> bool:
+        """A signal arrived; under torchrun, one that every rank knows of (all-reduced)."""
+        return self._stop_agreed if self.dist.enabled else self._stop_signal is not None
+
     def _diverged(self, what: str, value: float) -> TrainingDiverged:
         state = self.state
         kept = (
@@ -315,16 +370,21 @@ class Trainer:
         if state.batch_in_epoch >= steps_per_epoch:  # batch_size grew since the checkpoint
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         batch = self.task.train_batch(state.epoch, state.batch_in_epoch, config.batch_size)
+        n_tokens = sum(v.numel() for k, v in batch.items() if k == "input_ids")  # global batch
+        batch = shard_batch(batch, self.dist.rank, self.dist.world)  # this rank's rows
         batch = {k: v.to(self.device) for k, v in batch.items()}
         lr = self.schedule(state.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with precision_context(config.precision, self.device):
-            loss, count = self.task.loss(self.model, batch, smoothing=self.smoothing)
-        value = float(loss.detach())
+            loss, count = self.task.loss(self.train_model, batch, smoothing=self.smoothing)
+        if self.dist.enabled:
+            loss, value, count = self._global_loss(loss, count)
+        else:
+            value = float(loss.detach())
         if not math.isfinite(value):
             raise self._diverged("the loss", value)
-        loss.backward()
+        loss.backward()  # DDP all-reduces (averages) the gradients in here
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         # ||g|| is checked even without clipping (max_norm = inf then leaves g as it is).
         norm = float(torch.nn.utils.clip_grad_norm_(params, config.clip or math.inf))
@@ -337,16 +397,35 @@ class Trainer:
         state.batch_in_epoch += 1
         if state.batch_in_epoch >= steps_per_epoch:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-        n_tokens = sum(v.numel() for k, v in batch.items() if k == "input_ids")
         state.tokens_seen += n_tokens
         return value, count, n_tokens
+
+    def _global_loss(self, loss: torch.Tensor, count: int) -> tuple[torch.Tensor, float, int]:
+        """One all-reduce of (tokens, loss x tokens, stop flag) over the ranks. Returns the
+        loss to differentiate, ``loss * count * world / total`` (DDP's average of the ranks'
+        gradients is then the gradient of the global mean), the global mean loss and the global
+        token count. A signal on any rank stops every rank after this step."""
+        stop = 1.0 if self._stop_signal is not None else 0.0
+        reduced = torch.tensor(
+            [float(count), float(loss.detach()) * count, stop],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        torch.distributed.all_reduce(reduced)
+        total, weighted, stopped = reduced.tolist()
+        self._stop_agreed = bool(stopped)  # the loop stops on this, the same on every rank
+        if stopped and self._stop_signal is None:
+            self._stop_signal = signal.SIGTERM
+        total = max(total, 1.0)
+        return loss * (count * self.dist.world / total), weighted / total, int(total)
 
     def _validate(self) -> dict[str, float]:
         config = self.config
         result = self.evaluate("validation", config.eval_batches or None)
         self.state.last_validation = result
         record = {"split": "validation", "step": self.state.step, "epoch": self.state.epoch}
-        self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
+        if self.dist.is_main:
+            self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
         extra = "".join(f"  {k} {v:.4g}" for k, v in result.items() if k not in ("loss", "tokens"))
         self._say(f"step {self.state.step}: validation loss {result['loss']:.4f}{extra}")
         return result
@@ -363,10 +442,11 @@ class Trainer:
             )
         if state.step == 0:
             torch.manual_seed(config.seed)
-            self.metrics.clear()
+            if self.dist.is_main:
+                self.metrics.clear()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         stop_at = config.steps if until is None else min(until, config.steps)
-        self._stop_signal = None
+        self._stop_signal, self._stop_agreed = None, False
         self.model.train()
 
         interactive = sys.stderr.isatty() and not self.quiet
@@ -382,7 +462,7 @@ class Trainer:
         session_start, session_steps = time.perf_counter(), 0
         try:
             with self._stop_on_signals():
-                while state.step < stop_at and self._stop_signal is None:
+                while state.step < stop_at and not self._stopping():
                     started = time.perf_counter()
                     loss, count, n_tokens = self._train_step(steps_per_epoch)
                     took = time.perf_counter() - started
@@ -394,7 +474,9 @@ class Trainer:
                     window_time += took
                     self._bar.update(1)
 
-                    if state.step % config.log_every == 0 or state.step == config.steps:
+                    if self.dist.is_main and (
+                        state.step % config.log_every == 0 or state.step == config.steps
+                    ):
                         mean = window_loss / max(window_count, 1)
                         rate = window_tokens / max(window_time, 1e-9)
                         self.metrics.append(
@@ -444,7 +526,7 @@ class Trainer:
         else:
             status = "finished"
         sample = None
-        if status == "finished":
+        if status == "finished" and self.dist.is_main:
             self.plot()
             sample = self.task.sample(
                 self.model,
