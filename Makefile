@@ -50,6 +50,7 @@ test: lint data
 bench: $(STAMP)
 	$(BIN)/python bench/attention.py
 	$(BIN)/python bench/generation.py
+	$(BIN)/python bench/training.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -6,7 +6,7 @@ positions, Pre-LN, GELU, tied), random weights, batch 1, a 32-token prompt, 256 
 Prints tokens/s for both, their ratio, and attnkit's milliseconds per token over tokens 1-64
 against tokens 193-256 (a cache that grew by copying would make late tokens slower).
 
-    python bench/generation.py [--new-tokens 256] [--repeats 3] [--json out.json]
+    python bench/generation.py [--new-tokens 256] [--repeats 3] [--threads 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32, help="prompt length")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     ours, ref = build()
     prompt = torch.randint(0, 8192, (1, args.prompt), generator=torch.Generator().manual_seed(0))
@@ -119,6 +122,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         figures = {
+            "threads": torch.get_num_threads(),
             "attnkit_tokens_per_s": ours_tps,
             "hf_tokens_per_s": hf_tps,
             "ratio": ours_tps / hf_tps,

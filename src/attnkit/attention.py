@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.efficient import (
+    Linear,
     LinearAttentionState,
     RollingKVCache,
+    linear,
     linear_attention,
     linear_attention_weights,
     sliding_window_attention,
@@ -131,6 +133,11 @@ def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
         )
     if not isinstance(dropout_p, int | float) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    _check_mask(mask, q, k)
+
+
+def _check_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> None:
+    """A mask must be bool or float, on q's device, and broadcast to the scores (..., N, M)."""
     if mask is None:
         return
     if not isinstance(mask, Tensor):
@@ -211,6 +218,15 @@ def scaled_dot_product_attention(
         )
     if return_weights and implementation == "fused":
         raise ValueError("return_weights=True needs implementation='math' (or 'auto')")
+    return _attention(q, k, v, mask, is_causal, dropout_p, return_weights, scale, implementation)
+
+
+def _attention(
+    q, k, v, mask, is_causal, dropout_p, return_weights, scale=None, implementation="auto"
+):
+    """:func:`scaled_dot_product_attention` after its checks (``MultiHeadAttention`` builds q,
+    k and v itself and checks only the mask: a decoding step should not re-check its own
+    tensors)."""
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
@@ -341,12 +357,13 @@ class KVCache:
                 f"KVCache.append: the cache holds {self.max_len} positions; {start} are used "
                 f"and {k.shape[2]} more do not fit"
             )
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
+        t = end - start  # narrow() + copy_(): one view and one copy, no Python indexing
+        self.k.narrow(2, start, t).copy_(k)
+        self.v.narrow(2, start, t).copy_(v)
         if positions is not None:
-            self.positions[:, start:end] = positions
+            self.positions.narrow(1, start, t).copy_(positions)
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end], self.positions[:, :end]
+        return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end), self.positions.narrow(1, 0, end)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders hypotheses each step)."""
@@ -452,8 +469,8 @@ class MultiHeadAttention(nn.Module):
         self.alibi = alibi
         self.attention = attention  # for self-attention; cross-attention is always full
         self.window = window
-        self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj = Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def _project(self, x: Tensor, context: Tensor | None):
         """Q from x; K, V from x (self-attention) or from context (cross-attention)."""
@@ -462,7 +479,7 @@ class MultiHeadAttention(nn.Module):
         if context is None:
             qkv = self.in_proj(x)  # (B, N, (H + 2 H_kv) d_head)
             return qkv.split([q_width, kv_width, kv_width], dim=-1)
-        return (F.linear(x, *self._q_params()), *self._kv(context).split([kv_width, kv_width], -1))
+        return (linear(x, *self._q_params()), *self._kv(context).split([kv_width, kv_width], -1))
 
     def _split_heads(self, t: Tensor, n_heads: int) -> Tensor:
         b, n, _ = t.shape
@@ -527,15 +544,21 @@ class MultiHeadAttention(nn.Module):
         self._check(x, context, mask, positions, context_positions)
         b, n, _ = x.shape
         past = 0 if cache is None or context is not None else cache.length
-        if positions is None and (self.rope is not None or self.alibi is not None):
+        if self.rope is None and self.alibi is None:
+            positions = None  # only RoPE and ALiBi read positions (the caches keep them for ALiBi)
+        elif positions is None:
             positions = torch.arange(past, past + n, device=x.device)
         if positions is not None:
             positions = positions.expand(b, n)  # (B, N)
 
         cross_cached = context is not None and cache is not None and cache.length > 0
         if cross_cached:
-            q = self._split_heads(F.linear(x, *self._q_params()), self.n_heads)
-            k, v, key_positions = cache.k[:, :, : cache.length], cache.v[:, :, : cache.length], None
+            q = self._split_heads(linear(x, *self._q_params()), self.n_heads)
+            k, v, key_positions = (
+                cache.k.narrow(2, 0, cache.length),
+                cache.v.narrow(2, 0, cache.length),
+                None,
+            )
         else:
             q, k, v = self._project(x, context)
             q = self._split_heads(q, self.n_heads)  # (B, H, N, d_head)
@@ -567,15 +590,9 @@ class MultiHeadAttention(nn.Module):
             else:
                 mask = mask + bias
 
-        result = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-        )
+        _check_mask(mask, q, k)  # q, k and v are this module's own; the mask is the caller's
+        dropout = self.dropout if self.training else 0.0
+        result = _attention(q, k, v, mask, is_causal, dropout, return_weights)
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(b, n, self.d_model)  # (B, N, H d_head)
         out = self.out_proj(out)  # W^O
@@ -683,4 +700,4 @@ class MultiHeadAttention(nn.Module):
         """K and V of the context in one matmul: the remaining rows of in_proj."""
         q_width = self.n_heads * self.d_head
         b = self.in_proj.bias
-        return F.linear(context, self.in_proj.weight[q_width:], None if b is None else b[q_width:])
+        return linear(context, self.in_proj.weight[q_width:], None if b is None else b[q_width:])

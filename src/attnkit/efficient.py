@@ -21,22 +21,38 @@ Full attention compares every query with every key: N x N scores, O(N^2) time an
 Every function here has an explicit quadratic counterpart (``window_mask`` with the ordinary
 math path; ``linear_attention_weights``) that the tests hold it to, and that ``return_weights``
 uses.
+
+The last two sections are about the other costs, the matrix products around attention:
+``Linear`` / ``linear``, the layer every projection in attnkit uses, runs float32 products on
+the CPU through oneDNN's GEMM, which on the AMD EPYC measured here is 2-3x faster than torch's
+default (MKL), and keeps transposed weights for decoding steps (``decoding_weights``);
+``linear_cross_entropy`` is the output layer and its loss in one chunked pass, without the
+(tokens x vocabulary) logits.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 __all__ = [
+    "Linear",
     "LinearAttentionState",
     "RollingKVCache",
+    "decoding_weights",
     "feature_map",
+    "linear",
     "linear_attention",
     "linear_attention_weights",
+    "linear_cross_entropy",
+    "onednn_linear",
+    "onednn_linear_available",
     "sliding_window_attention",
     "window_mask",
 ]
@@ -247,3 +263,283 @@ class LinearAttentionState:
     def reorder(self, index: Tensor) -> None:
         self.s = self.s.index_select(0, index)
         self.z = self.z.index_select(0, index)
+
+
+# --------------------------------------------------------------------------------------------
+# Linear layers: oneDNN's float32 GEMM on the CPU
+# --------------------------------------------------------------------------------------------
+
+# Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
+# its matrix-vector kernel beats oneDNN's per-call set-up; from about 8 rows on oneDNN wins.
+_ONEDNN_MIN_ROWS = 8
+_onednn = {"enabled": os.environ.get("ATTNKIT_ONEDNN_LINEAR", "1") != "0"}
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's linear operator (x86 and ARM CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@contextmanager
+def onednn_linear(enabled: bool):
+    """Turn the oneDNN path of :func:`linear` on or off inside a ``with`` block (benchmarks and
+    tests compare both). The default is on; ``ATTNKIT_ONEDNN_LINEAR=0`` turns it off."""
+    before = _onednn["enabled"]
+    _onednn["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _onednn["enabled"] = before
+
+
+def _onednn_mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a @ b_t.T (+ bias)`` for 2-D float32 CPU tensors, by oneDNN. ``b_t`` may be a
+    transposed view (oneDNN reads either layout); ``a`` is made contiguous if it is not."""
+    return torch.ops.mkldnn._linear_pointwise(a, b_t, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``x W^T + b`` with the forward and both backward products in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        x2 = x.reshape(-1, x.shape[-1])  # (T, in): every leading axis is a row
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape = x.shape
+        ctx.has_bias = bias is not None
+        return _onednn_mm(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # (T, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_mm(g2, weight.t()).view(ctx.x_shape)  # dL/dx = g W
+        if ctx.needs_input_grad[1]:
+            # dL/dW = g^T x, (out, in). oneDNN wants its left operand contiguous, so transpose
+            # whichever of g (T x out) and x (T x in) is the smaller copy.
+            if g2.shape[1] <= x2.shape[1]:
+                grad_w = _onednn_mm(g2.t(), x2.t())
+            else:  # (x^T g)^T: copies x and the (in, out) result, not the wide g (LM head)
+                grad_w = _onednn_mm(x2.t(), g2.t()).t().contiguous()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    return (
+        _onednn["enabled"]
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and (bias is None or bias.dtype == torch.float32)
+        and x.dim() >= 2
+        and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1] > 0
+        and not torch.is_autocast_enabled("cpu")  # autocast casts to bf16: torch's path
+        and not torch.compiler.is_compiling()  # let the compiler see an ordinary linear
+        and onednn_linear_available()
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, the same numbers up to float32 rounding, faster on CPUs
+    where torch's own float32 GEMM is slow.
+
+    torch sends float32 CPU matrix products to MKL, whose CPU dispatch gives non-Intel
+    processors slower code paths: on the AMD EPYC this was measured on, MKL's SGEMM ran 2-3x
+    below oneDNN's AVX-512 float32 kernels on the same matrices (bench/README.md). oneDNN, which
+    torch already uses for bf16, chooses its kernels by the instruction set alone. So float32
+    products with at least a few rows go through oneDNN (forward, dL/dx and dL/dW); everything
+    else (other dtypes, autocast, other devices, single rows, ``torch.compile``) through
+    ``F.linear``. Strict float32 throughout: no reduced-precision accumulation. The oneDNN path
+    differentiates once (no ``create_graph=True`` second derivatives): for those, run inside
+    ``onednn_linear(False)``.
+    """
+    if _use_onednn(x, weight, bias):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``torch.nn.Linear`` (same parameters, same state-dict names) whose forward is
+    :func:`linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+@contextmanager
+def decoding_weights(module: nn.Module):
+    """Inside the block the weight of every :class:`Linear` of ``module`` is stored transposed:
+    the same (out, in) tensor, the same values, but laid out in memory as (in, out) rows.
+
+    A decoding step is a matrix-vector product per layer whose weights come from memory each
+    time (a whole model's weights do not stay in a core's cache). With the (in, out) layout,
+    ``F.linear`` hands torch's GEMM the contiguous (in, out) matrix and the product streams it
+    row after row (``y += x_k * W^T[k, :]``), which on this CPU runs 1.7x faster than over the
+    (out, in) layout (Hugging Face's GPT-2 stores its weights as (in, out) ``Conv1D``s). The
+    layout is changed in place, one weight at a time (no second copy of the model), and
+    restored when the block ends; the weights must not be trained or saved inside it.
+    """
+    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, Linear)}
+    changed = []
+    try:
+        for w in weights.values():  # a tied weight (LM head = embedding) once
+            if w.dim() == 2 and w.is_contiguous():
+                w.data = w.data.t().contiguous().t()  # (out, in), strides (1, out)
+                changed.append(w)
+        yield
+    finally:
+        for w in changed:
+            w.data = w.data.contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# The output layer and its loss in one pass: no (tokens x vocabulary) logits tensor
+# --------------------------------------------------------------------------------------------
+
+
+def _mm_t(a: Tensor, b_t: Tensor) -> Tensor:
+    """``a @ b_t.T`` for 2-D tensors, through oneDNN where :func:`linear` would use it."""
+    if _use_onednn(a, b_t, None):
+        return _onednn_mm(a, b_t)
+    return a @ b_t.t()
+
+
+def _chunk_rows(vocab_size: int) -> int:
+    """Rows per chunk: about 16 MiB of float32 logits, which stay in the last-level cache, in
+    few enough chunks that the per-chunk operations cost little (512 rows for V = 8192)."""
+    return max(64, min(2048, (1 << 22) // vocab_size))
+
+
+def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads):
+    """The chunked loop behind :func:`linear_cross_entropy`: (loss, dL/dhidden, dL/dweight).
+
+    Per chunk only the big operations run (three products, the max, the softmax, the in-place
+    gradient); everything per row is gathered into (T, 1) columns and finished after the loop,
+    so that few small serial operations sit between the parallel ones.
+    """
+    device = hidden.device
+    autocast = torch.is_autocast_enabled(device.type)
+    dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
+    h_all, w = hidden.to(dtype), weight.to(dtype)  # the dtype autocast would give the product
+    n, vocab = hidden.shape[0], weight.shape[0]
+    real = (targets != ignore_index)[:, None]  # (T, 1)
+    safe = torch.where(real, targets[:, None], 0)  # (T, 1): an ignored id may be anything
+    row_weight = real / real.sum().clamp(min=1)  # (T, 1): 1 / count on the counted rows, else 0
+    top = torch.empty(n, 1, device=device)  # the row's max logit
+    top_id = torch.empty(n, 1, dtype=torch.long, device=device)
+    z_target = torch.empty(n, 1, device=device)  # the target's logit
+    p_top = torch.empty(n, 1, device=device)  # softmax at the max: >= 1 / V, never underflows
+    z_mean = torch.empty(n, 1, device=device) if smoothing else None
+    grad_h_chunks, grad_w_t = [], None  # dL/dhidden per chunk; dL/dW^T (D, V) summed
+    step = _chunk_rows(vocab)
+    probs_buffer = torch.empty(min(step, n), vocab, device=device)
+    with torch.autocast(device.type, enabled=False):
+        for start in range(0, n, step):
+            rows = slice(start, start + step)
+            h = h_all[rows]
+            logits = _mm_t(h, w).float()  # (c, V): the only logits that ever exist
+            torch.max(logits, dim=-1, keepdim=True, out=(top[rows], top_id[rows]))
+            torch.gather(logits, 1, safe[rows], out=z_target[rows])
+            if smoothing:
+                torch.mean(logits, dim=-1, keepdim=True, out=z_mean[rows])
+            # torch's fused row-wise softmax: max, exp-sum and scale while a row sits in L1
+            probs = torch.softmax(logits, dim=-1, out=probs_buffer[: h.shape[0]])
+            torch.gather(probs, 1, top_id[rows], out=p_top[rows])
+            if not with_grads:
+                continue
+            # dL/dlogits = (softmax - (1 - eps) onehot - eps / V) * real / count, in place
+            g = probs.mul_(row_weight[rows])
+            g.scatter_add_(1, safe[rows], row_weight[rows] * (smoothing - 1))
+            if smoothing:
+                g.sub_(row_weight[rows] * (smoothing / vocab))
+            g = g.to(dtype)
+            grad_h_chunks.append(_mm_t(g, w.t()))  # (c, D)
+            part = _mm_t(h.t(), g.t()).float()  # (D, V) = h^T g
+            grad_w_t = part if grad_w_t is None else grad_w_t.add_(part)
+    lse = top - p_top.log()  # logsumexp of each row's logits
+    loss = lse - z_target  # -log p(y)
+    if smoothing:  # eps times the cross-entropy against the uniform distribution
+        loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
+    loss = (loss * row_weight).sum()
+    if not with_grads:
+        return loss, None, None
+    grad_h = torch.cat(grad_h_chunks).to(hidden.dtype)
+    grad_w = grad_w_t.t().to(weight.dtype)
+    return loss, grad_h, grad_w
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The loss and both gradients come out of one forward pass (the chunk's logits are still
+    in the cache when their gradient is formed); backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, smoothing):
+        loss, grad_h, grad_w = _loss_and_grads(
+            hidden, weight, targets, ignore_index, smoothing, with_grads=True
+        )
+        ctx.save_for_backward(grad_h, grad_w)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_loss, grad_w * grad_loss, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    ignore_index: int = -100,
+    smoothing: float = 0.0,
+) -> Tensor:
+    r"""Mean cross-entropy of the output layer ``logits = hidden @ weight^T`` against
+    ``targets``, without ever holding the (tokens x V) logits::
+
+        loss = mean over tokens with target != ignore_index of
+               (1 - eps) (logsumexp(z) - z_y) + eps (logsumexp(z) - mean_k z_k)
+
+    the same value as ``F.cross_entropy(hidden @ weight.T, targets, ignore_index=...,
+    label_smoothing=eps)`` (tested). hidden (..., D), weight (V, D), targets (...) ids.
+
+    The tokens go through in chunks of a few hundred rows; for each chunk the logits, their
+    log-sum-exp and, while they are still in the cache, the gradient
+    ``(softmax - target distribution) / count`` and its two products (dL/dhidden, dL/dW) are
+    formed. Against logits + ``F.cross_entropy`` this saves writing and re-reading the full
+    logits, their log-softmax, the zero-filled gradient and its log-softmax backward: four or
+    five passes over tokens x V floats (64 MiB per pass for lm-small). The products run in the
+    autocast dtype when autocast is on; the softmax always in float32.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"linear_cross_entropy: targets must have shape hidden.shape[:-1] = "
+            f"{tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}"
+        )
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"linear_cross_entropy: weight must have shape (V, D={hidden.shape[-1]}), "
+            f"got {tuple(weight.shape)}"
+        )
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        raise TypeError(f"linear_cross_entropy: targets must hold token ids, got {targets.dtype}")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"linear_cross_entropy: smoothing must be in [0, 1), got {smoothing!r}")
+    hidden2 = hidden.reshape(-1, hidden.shape[-1])  # (T, D)
+    flat = targets.reshape(-1)  # (T,)
+    real = flat[flat != ignore_index]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= weight.shape[0]):
+        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+        raise ValueError(f"linear_cross_entropy: target id {bad} is outside [0, {weight.shape[0]})")
+    if hidden2.shape[0] == 0:  # no tokens: a zero loss, still attached to the graph
+        return (hidden2.sum() + weight.sum()) * 0.0
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(hidden2, weight, flat, ignore_index, float(smoothing))
+    loss, _, _ = _loss_and_grads(hidden2, weight, flat, ignore_index, smoothing, False)
+    return loss

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnkit.efficient import decoding_weights
+
 __all__ = ["BeamHypothesis", "beam_search", "generate", "sample_next"]
 
 
@@ -90,10 +92,11 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_samp
 class _DecoderLMStepper:
     """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
 
-    The prompt goes through the checked ``forward``; each later step goes through the lean
-    ``hidden_states`` (the ids are the model's own) and one matrix product with the LM head
-    stored transposed, (D, V) contiguous, which streams through memory faster than (V, D) for a
-    single row. Both the cached and the uncached path use the same head, so they agree exactly.
+    The prompt goes through the checks of ``forward``; each later step goes through the lean
+    ``hidden_states`` (the ids are the model's own) and the LM head on the last position only.
+    Generation runs inside ``decoding_weights``: every linear layer's weight, the LM head's
+    included, is laid out as (in, out) rows in memory, which a single row's product streams
+    faster than (out, in). The cached and the uncached path share the head.
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache):
@@ -101,7 +104,6 @@ class _DecoderLMStepper:
         self.device = input_ids.device
         self.ids = input_ids
         self.mask = model.check_inputs(input_ids, attention_mask)
-        self.head_t = model.lm_head.weight.detach().t().contiguous()  # (D, V)
         dtype = next(model.parameters()).dtype
         self.cache = (
             model.new_cache(
@@ -115,7 +117,7 @@ class _DecoderLMStepper:
         )
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        return hidden[:, -1] @ self.head_t  # (B, V)
+        return self.model.lm_head(hidden[:, -1])  # (B, V)
 
     def start(self) -> Tensor:
         return self._logits(self.model.hidden_states(self.ids, self.mask, self.cache)[0])
@@ -309,11 +311,14 @@ def _beam_search(stepper, batch, k, max_new_tokens, eos_id, length_penalty, on_f
 
 @contextmanager
 def _eval_mode(model):
-    """Dropout off while generating; the model's mode is restored afterwards."""
+    """Dropout off while generating, and each linear layer's weight laid out transposed in
+    memory for the one-row products of the decoding steps
+    (:func:`attnkit.efficient.decoding_weights`); mode and layout are restored afterwards."""
     was_training = model.training
     model.eval()
     try:
-        yield
+        with decoding_weights(model):
+            yield
     finally:
         model.train(was_training)
 

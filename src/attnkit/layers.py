@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from attnkit.attention import KVCache, MultiHeadAttention
 from attnkit.config import ModelConfig
+from attnkit.efficient import Linear
 from attnkit.position import ALiBi, RotaryEmbedding
 
 __all__ = [
@@ -59,9 +60,9 @@ class FeedForward(nn.Module):
             )
         self.activation = activation
         self.gelu_approximation = gelu_approximation
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.gate = Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.down = Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
@@ -170,9 +171,13 @@ class _Sublayers(nn.Module):
         """
         if self.pre_norm:
             out, weights = sublayer(norm(x))
-            return x + self.dropout(out), weights
+            return x + self._dropout(out), weights
         out, weights = sublayer(x)
-        return norm(x + self.dropout(out)), weights
+        return norm(x + self._dropout(out)), weights
+
+    def _dropout(self, x: Tensor) -> Tensor:
+        """The residual dropout; no call at all when it would do nothing (evaluation, p = 0)."""
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
 
 class EncoderLayer(_Sublayers):

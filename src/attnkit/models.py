@@ -26,7 +26,12 @@ from torch import Tensor, nn
 
 from attnkit.attention import KVCache
 from attnkit.config import ModelConfig
-from attnkit.efficient import LinearAttentionState, RollingKVCache
+from attnkit.efficient import (
+    Linear,
+    LinearAttentionState,
+    RollingKVCache,
+    linear_cross_entropy,
+)
 from attnkit.generation import generate
 from attnkit.layers import (
     DecoderLayer,
@@ -87,6 +92,18 @@ def _check_mask(name: str, mask: Tensor | None, shape: tuple[int, int]) -> Tenso
             raise ValueError(f"{name} must be bool or 0/1, got values outside {{0, 1}}")
         mask = mask.bool()
     return mask
+
+
+def _check_targets(targets: Tensor, ids: Tensor) -> None:
+    """Targets for ``loss``: integer ids of the ids' shape (the id range is checked there)."""
+    if not isinstance(targets, Tensor):
+        raise TypeError(f"targets must be a tensor of token ids, got {type(targets).__name__}")
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
+    if targets.shape != ids.shape:
+        raise ValueError(
+            f"targets must have the shape of the ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
+        )
 
 
 def _check_length(cfg: ModelConfig, length: int, what: str) -> None:
@@ -154,7 +171,11 @@ class Embeddings(nn.Module):
         x = self.tokens(ids)  # (B, N, D)
         if self.scale != 1.0:
             x = x * self.scale
-        if self.positions is not None:
+        if isinstance(self.positions, LearnedPositions):
+            # the models make positions themselves, in range by construction (their lengths
+            # are checked against max_len): read the table without the module's own checks
+            x = x + self.positions.embedding(positions)
+        elif self.positions is not None:
             x = x + self.positions(positions)
         if self.token_types is not None:
             if token_type_ids is None:
@@ -162,7 +183,7 @@ class Embeddings(nn.Module):
             x = x + self.token_types(token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
 
 class Encoder(nn.Module):
@@ -439,7 +460,7 @@ class Transformer(_Model):
         self.tgt_embeddings = self.src_embeddings if cfg.tie_embeddings else Embeddings(cfg)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg, cross_attention=True)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.src_embeddings.tokens.weight
@@ -471,6 +492,16 @@ class Transformer(_Model):
         With a ``cache`` (from :meth:`new_cache`), ``tgt_ids`` are the next positions only and
         ``tgt_mask``, if given, covers all cached positions plus the new ones.
         """
+        x, self_w, cross_w = self._decoder_hidden(
+            tgt_ids, memory, src_mask, tgt_mask, cache, return_attention
+        )
+        logits = self.lm_head(x)  # (B, T, V)
+        if return_attention:
+            return logits, {"decoder": self_w, "cross": cross_w}
+        return logits
+
+    def _decoder_hidden(self, tgt_ids, memory, src_mask, tgt_mask, cache, return_attention):
+        """:meth:`decode` without the output layer: (hidden (B, T, D), self and cross weights)."""
         _check_ids("tgt_ids", tgt_ids, self.cfg)
         if memory.dim() != 3 or memory.shape[0] != tgt_ids.shape[0]:
             raise ValueError(
@@ -483,7 +514,7 @@ class Transformer(_Model):
         _check_length(self.cfg, past + t, "the target")
         positions = _positions(tgt_mask, t, past, tgt_ids.device)
         x = self.tgt_embeddings(tgt_ids, positions)
-        x, self_w, cross_w = self.decoder(
+        return self.decoder(
             x,
             memory,
             self_mask=_key_mask(tgt_mask),
@@ -492,10 +523,6 @@ class Transformer(_Model):
             cache=cache,
             return_attention=return_attention,
         )
-        logits = self.lm_head(x)  # (B, T, V)
-        if return_attention:
-            return logits, {"decoder": self_w, "cross": cross_w}
-        return logits
 
     def forward(
         self,
@@ -519,6 +546,34 @@ class Transformer(_Model):
         memory, enc_w = self.encode(src_ids, src_mask, return_attention=True)
         logits, dec = self.decode(tgt_ids, memory, src_mask, tgt_mask, return_attention=True)
         return logits, {"encoder": enc_w, **dec}
+
+    def loss(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        targets: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        *,
+        ignore_index: int = -100,
+        smoothing: float = 0.0,
+    ) -> Tensor:
+        """The training loss: the mean cross-entropy of ``forward``'s logits against
+        ``targets`` (B, T), over the targets that are not ``ignore_index``, with label
+        smoothing ``smoothing``. The same value as ``F.cross_entropy`` on the logits, but the
+        output layer and the loss run as one chunked pass
+        (:func:`attnkit.efficient.linear_cross_entropy`): the (B, T, V) logits never exist."""
+        _check_targets(targets, tgt_ids)
+        if isinstance(src_ids, Tensor) and src_ids.dim() >= 1 and src_ids.shape[0] != len(tgt_ids):
+            raise ValueError(
+                f"src_ids and tgt_ids must have the same batch size, got "
+                f"{src_ids.shape[0]} and {tgt_ids.shape[0]}"
+            )
+        memory = self.encode(src_ids, src_mask)
+        hidden, _, _ = self._decoder_hidden(tgt_ids, memory, src_mask, tgt_mask, None, False)
+        return linear_cross_entropy(
+            hidden, self.lm_head.weight, targets, ignore_index=ignore_index, smoothing=smoothing
+        )
 
     def new_cache(self, batch_size: int, src_len: int, max_len: int | None = None, **kw):
         """Empty caches for incremental decoding of up to ``max_len`` target positions."""
@@ -584,7 +639,7 @@ class DecoderLM(_Model):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
         self.decoder = Decoder(cfg, cross_attention=False)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embeddings.tokens.weight
@@ -601,6 +656,27 @@ class DecoderLM(_Model):
         x, attentions = self.hidden_states(input_ids, attention_mask, cache, return_attention)
         logits = self.lm_head(x)  # (B, N, V)
         return (logits, attentions) if return_attention else logits
+
+    def loss(
+        self,
+        input_ids: Tensor,
+        targets: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        ignore_index: int = -100,
+        smoothing: float = 0.0,
+    ) -> Tensor:
+        """The training loss: the mean cross-entropy of ``forward``'s logits against
+        ``targets`` (B, N) (for next-token prediction, the inputs shifted left by one), over
+        the targets that are not ``ignore_index``. The same value as ``F.cross_entropy`` on the
+        logits, but the LM head and the loss run as one chunked pass
+        (:func:`attnkit.efficient.linear_cross_entropy`): the (B, N, V) logits never exist."""
+        attention_mask = self.check_inputs(input_ids, attention_mask)
+        _check_targets(targets, input_ids)
+        hidden, _ = self.hidden_states(input_ids, attention_mask)
+        return linear_cross_entropy(
+            hidden, self.lm_head.weight, targets, ignore_index=ignore_index, smoothing=smoothing
+        )
 
     def check_inputs(self, input_ids, attention_mask=None, cache=None) -> Tensor | None:
         """Every check ``forward`` makes; returns the mask as bool (or None)."""

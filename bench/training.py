@@ -1,0 +1,528 @@
+"""Training speed: attnkit against reference implementations, measured side by side.
+
+Two fixed configurations (bench/README.md lists every size):
+
+- ``lm-small``: attnkit's DecoderLM (preset "lm-small": vocab 8192, d_model 256, 8 heads,
+  4 layers, d_ff 1024, 256 positions, Pre-LN, GELU, tied embeddings, no dropout), batch 8 x 256
+  tokens, against Hugging Face ``GPT2LMHeadModel`` (sdpa attention, given attnkit's weights
+  through ``interop.gpt2_to_hf``) and x-transformers' ``TransformerWrapper(Decoder)`` of the same
+  sizes; in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+- ``mt-small``: attnkit's Transformer (preset "mt-small": 3 + 3 Post-LN layers, ReLU,
+  sinusoidal positions, three-way tying), batch 32, source and target 64 tokens, about 10%
+  padding, against ``torch.nn.Transformer`` (with embeddings, positions and a tied output layer)
+  and Hugging Face ``BartForConditionalGeneration`` of the same sizes; float32.
+
+A training step is forward, cross-entropy over the vocabulary, backward, and an AdamW step; every
+implementation gets the same loss code and the same optimizer settings (``--adamw``, default
+fused), so the ratios compare the models, not the optimizers. All candidates run in one process,
+interleaved step by step (round r times one step of each), so a load change on this shared
+machine hits them alike; warm-up steps are excluded and each figure is the median over rounds.
+
+Model FLOPs utilisation (MFU) of lm-small::
+
+    FLOPs per token = 6 P + 12 L D T        (PaLM, appendix B)
+    MFU = FLOPs per token x tokens/s / matmul peak
+
+with P the parameters that enter matrix products (all but the position table; the tied
+embedding once, as the LM head), L layers, D d_model, T the context (the attention term counts
+the full T x T scores, as PaLM does, although causal attention needs half). The peak is measured
+in the same rounds: ``torch.mm`` of two 4096 x 4096 matrices in the same dtype, and, for float32,
+also oneDNN's matmul on the same matrices (the best float32 GEMM this torch build has here).
+
+    python bench/training.py [--suite lm,mt] [--repeats 5] [--warmup 1] [--threads 2]
+                             [--json runs/bench/training.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import Tensor, nn
+from x_transformers import Decoder, TransformerWrapper
+
+import attnkit as ak
+from attnkit.efficient import onednn_linear_available
+from attnkit.interop import gpt2_to_hf
+
+transformers.logging.set_verbosity_error()
+
+SEED = 0
+TARGETS = {  # issue 10: the ratios to reach, in one run
+    "lm-small fp32: attnkit / HF GPT-2": 1.2,
+    "lm-small fp32: attnkit / x-transformers": 1.1,
+    "lm-small: attnkit bf16 / attnkit fp32": 2.0,
+    "mt-small fp32: attnkit / torch.nn.Transformer": 1.15,
+    "lm-small MFU fp32 attnkit vs torch.mm 4096 float32": 0.45,
+}
+LM_BATCH, LM_LEN = 8, 256
+MT_BATCH, MT_LEN, MT_MIN_LEN = 32, 64, 51  # lengths uniform in [51, 64]: about 10% padding
+
+
+# --------------------------------------------------------------------------------------------
+# Timing: candidates interleaved round by round
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One thing to time: ``run()`` does one unit of work (a training step, a matmul)."""
+
+    name: str
+    run: Callable[[], object]
+    work: float  # tokens (or FLOPs) per run
+    times: list[float] = field(default_factory=list)
+    first: object = None  # what the first run returned (a training step: its loss)
+
+    @property
+    def rate(self) -> float:
+        """Work per second, from the median time."""
+        return self.work / statistics.median(self.times)
+
+
+def measure(candidates: list[Candidate], repeats: int, warmup: int) -> None:
+    """Time every candidate ``repeats`` times, interleaved, after ``warmup`` untimed rounds."""
+    for round_ in range(warmup + repeats):
+        for c in candidates:
+            start = time.perf_counter()
+            result = c.run()
+            elapsed = time.perf_counter() - start
+            if round_ == 0:
+                c.first = result
+            if round_ >= warmup:
+                c.times.append(elapsed)
+
+
+def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
+    """The matmul peak: torch.mm (n x n) @ (n x n), and for float32 oneDNN's matmul too."""
+    g = torch.Generator().manual_seed(SEED)
+    a = torch.randn(n, n, generator=g).to(dtype)
+    b = torch.randn(n, n, generator=g).to(dtype)
+    flops = 2.0 * n**3
+    name = {torch.float32: "float32", torch.bfloat16: "bf16"}[dtype]
+    out = [Candidate(f"torch.mm {n} {name}", lambda: torch.mm(a, b), flops)]
+    if dtype == torch.float32 and onednn_linear_available():
+        bt = b.t().contiguous()  # oneDNN's linear takes the weight as (out, in)
+        linear = torch.ops.mkldnn._linear_pointwise
+        out.append(
+            Candidate(
+                f"oneDNN matmul {n} {name}",
+                lambda: linear(a, bt, None, "none", [], ""),
+                flops,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Training steps
+# --------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
+    """AdamW as every candidate gets it: ``fused`` (one kernel per tensor group), ``foreach``
+    or ``loop`` (PyTorch's per-parameter loop, its CPU default)."""
+    options = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **options[kind])
+
+
+def train_step(
+    loss_of: Callable[[], Tensor], optimizer: torch.optim.Optimizer, precision: str
+) -> Callable[[], float]:
+    """One step: loss -> backward -> AdamW. bf16 runs the forward and the loss under autocast
+    (weights, gradients and optimizer state stay float32)."""
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16)
+        if precision == "bf16"
+        else contextlib.nullcontext()
+    )
+
+    def step() -> float:
+        with autocast:
+            loss = loss_of()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def logits_loss(
+    logits_of: Callable[[], Tensor], targets: Tensor, ignore_index: int = -100
+) -> Callable[[], Tensor]:
+    """The usual loss: the model's logits (B, N, V), then ``F.cross_entropy`` over them."""
+    flat = targets.reshape(-1)
+
+    def loss() -> Tensor:
+        logits = logits_of()
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), flat, ignore_index=ignore_index
+        )
+
+    return loss
+
+
+# --------------------------------------------------------------------------------------------
+# lm-small: attnkit DecoderLM, Hugging Face GPT-2, x-transformers
+# --------------------------------------------------------------------------------------------
+
+
+def lm_models() -> dict[str, nn.Module]:
+    """The language models, seeded, one per candidate ("attnkit logits" is a second copy of
+    attnkit's, so each has its own optimizer state); GPT-2 holds attnkit's weights exactly."""
+    cfg = ak.ModelConfig.preset("lm-small")
+
+    def attnkit() -> ak.DecoderLM:
+        torch.manual_seed(SEED)
+        return ak.DecoderLM(cfg).train()
+
+    ours = attnkit()
+    hf_config, state = gpt2_to_hf(ours)
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
+    )
+    gpt2.load_state_dict(state, strict=False)  # strict=False: GPT-2's causal-mask buffers
+    torch.manual_seed(SEED)
+    xt = TransformerWrapper(
+        num_tokens=cfg.vocab_size,
+        max_seq_len=cfg.max_len,
+        attn_layers=Decoder(
+            dim=cfg.d_model,
+            depth=cfg.n_layers,
+            heads=cfg.n_heads,
+            attn_dim_head=cfg.d_head,  # its default (64) would make attention twice as wide
+            ff_mult=cfg.d_ff // cfg.d_model,
+            attn_flash=True,  # torch's fused attention, as attnkit and GPT-2 (sdpa) use
+        ),
+        tie_embedding=True,
+    )
+    return {
+        "attnkit": ours,
+        "attnkit logits": attnkit(),
+        "HF GPT-2": gpt2.train(),
+        "x-transformers": xt.train(),
+    }
+
+
+def lm_batch() -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, 8192, (LM_BATCH, LM_LEN + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]  # inputs, next-token targets
+
+
+def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> dict:
+    """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
+    and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
+    its logits and ``F.cross_entropy``, as the references run."""
+    ours, plain = models["attnkit"], models["attnkit logits"]
+    gpt2, xt = models["HF GPT-2"], models["x-transformers"]
+    return {
+        "attnkit": lambda: ours.loss(inputs, targets),
+        "attnkit logits": logits_loss(lambda: plain(inputs), targets),
+        "HF GPT-2": logits_loss(lambda: gpt2(inputs).logits, targets),
+        "x-transformers": logits_loss(lambda: xt(inputs), targets),
+    }
+
+
+def lm_flops_per_token(model: ak.DecoderLM) -> float:
+    """6 P + 12 L D T (see the module docstring)."""
+    cfg = model.cfg
+    positions = model.embeddings.positions
+    p = model.num_parameters() - (0 if positions is None else positions.embedding.weight.numel())
+    return 6.0 * p + 12.0 * cfg.n_layers * cfg.d_model * cfg.max_len
+
+
+def lm_candidates(precision: str, adamw: str) -> list[Candidate]:
+    inputs, targets = lm_batch()
+    models = lm_models()
+    out = []
+    for name, loss_of in lm_losses(models, inputs, targets).items():
+        step = train_step(loss_of, make_optimizer(models[name], adamw), precision)
+        out.append(Candidate(f"{name} {precision}", step, float(targets.numel())))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# mt-small: attnkit Transformer, torch.nn.Transformer, Hugging Face BART
+# --------------------------------------------------------------------------------------------
+
+
+class TorchSeq2Seq(nn.Module):
+    """torch.nn.Transformer made into a translation model the way mt-small is built: a shared
+    embedding times sqrt(d_model) plus the sinusoidal table, Post-LN layers, ReLU, and the output
+    layer tied to the embedding. (nn.Transformer adds a final LayerNorm to each stack.)"""
+
+    def __init__(self, cfg: ak.ModelConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.register_buffer("table", ak.sinusoidal_table(cfg.max_len, cfg.d_model))
+        self.scale = math.sqrt(cfg.d_model)
+        self.core = nn.Transformer(
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_layers,
+            cfg.n_layers,
+            cfg.d_ff,
+            dropout=0.0,
+            batch_first=True,
+        )
+        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out.weight = self.embed.weight
+        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)  # as attnkit's scaled tables
+
+    def forward(self, src: Tensor, tgt: Tensor, src_real: Tensor, tgt_real: Tensor) -> Tensor:
+        s = self.embed(src) * self.scale + self.table[: src.shape[1]]
+        t = self.embed(tgt) * self.scale + self.table[: tgt.shape[1]]
+        blocked = ~ak.causal_mask(tgt.shape[1])  # torch's bool attn_mask: True = blocked
+        hidden = self.core(
+            s,
+            t,
+            tgt_mask=blocked,
+            tgt_is_causal=True,
+            # torch's key_padding_mask means True = padding: the opposite of attnkit's masks
+            src_key_padding_mask=~src_real,
+            tgt_key_padding_mask=~tgt_real,
+            memory_key_padding_mask=~src_real,
+        )
+        return self.out(hidden)
+
+
+def mt_models() -> dict[str, nn.Module]:
+    """The translation models, seeded, one per candidate (as :func:`lm_models`)."""
+    cfg = ak.ModelConfig.preset("mt-small")
+
+    def attnkit() -> ak.Transformer:
+        torch.manual_seed(SEED)
+        return ak.Transformer(cfg).train()
+
+    ours = attnkit()
+    torch.manual_seed(SEED)
+    reference = TorchSeq2Seq(cfg).train()
+    torch.manual_seed(SEED)
+    bart = transformers.BartForConditionalGeneration(
+        transformers.BartConfig(
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_len,
+            d_model=cfg.d_model,
+            encoder_layers=cfg.n_layers,
+            decoder_layers=cfg.n_layers,
+            encoder_attention_heads=cfg.n_heads,
+            decoder_attention_heads=cfg.n_heads,
+            encoder_ffn_dim=cfg.d_ff,
+            decoder_ffn_dim=cfg.d_ff,
+            activation_function="relu",
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            scale_embedding=True,
+            pad_token_id=cfg.pad_id,
+            bos_token_id=cfg.bos_id,
+            eos_token_id=cfg.eos_id,
+            decoder_start_token_id=cfg.bos_id,
+            attn_implementation="sdpa",
+        )
+    )
+    return {
+        "attnkit": ours,
+        "attnkit logits": attnkit(),
+        "torch.nn.Transformer": reference,
+        "HF BART": bart.train(),
+    }
+
+
+def mt_batch() -> dict[str, Tensor]:
+    """Sources and targets with lengths uniform in [MT_MIN_LEN, MT_LEN], right-padded with 0."""
+    cfg = ak.ModelConfig.preset("mt-small")
+    g = torch.Generator().manual_seed(SEED)
+
+    def padded() -> Tensor:
+        ids = torch.randint(3, cfg.vocab_size, (MT_BATCH, MT_LEN), generator=g)
+        lengths = torch.randint(MT_MIN_LEN, MT_LEN + 1, (MT_BATCH, 1), generator=g)
+        return ids.masked_fill(torch.arange(MT_LEN) >= lengths, cfg.pad_id)
+
+    src, tgt = padded(), padded()
+    tgt_in = ak.shift_right(tgt, cfg.bos_id)  # teacher forcing: [BOS, y_1 .. y_{T-1}]
+    tgt_in_real = torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool), tgt[:, :-1] != 0], 1)
+    return {"src": src, "src_real": src != 0, "tgt_in": tgt_in, "tgt_in_real": tgt_in_real,
+            "targets": tgt}  # fmt: skip
+
+
+def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
+    """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
+    ours, plain = models["attnkit"], models["attnkit logits"]
+    ref, bart = models["torch.nn.Transformer"], models["HF BART"]
+    args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
+
+    def bart_logits() -> Tensor:
+        return bart(
+            input_ids=b["src"],
+            attention_mask=b["src_real"].long(),
+            decoder_input_ids=b["tgt_in"],
+            decoder_attention_mask=b["tgt_in_real"].long(),
+        ).logits
+
+    return {
+        "attnkit": lambda: ours.loss(
+            b["src"], b["tgt_in"], b["targets"], b["src_real"], b["tgt_in_real"], ignore_index=0
+        ),
+        "attnkit logits": logits_loss(lambda: plain(*args), b["targets"], 0),
+        "torch.nn.Transformer": logits_loss(lambda: ref(*args), b["targets"], 0),
+        "HF BART": logits_loss(bart_logits, b["targets"], 0),
+    }
+
+
+def mt_candidates(adamw: str) -> list[Candidate]:
+    b = mt_batch()
+    real = float((b["targets"] != 0).sum())  # target tokens that count (padding does not)
+    models = mt_models()
+    out = []
+    for name, loss_of in mt_losses(models, b).items():
+        step = train_step(loss_of, make_optimizer(models[name], adamw), "fp32")
+        out.append(Candidate(f"{name} fp32", step, real))
+    return out
+
+
+def mt_padding() -> float:
+    b = mt_batch()
+    real = (b["src_real"].float().mean() + (b["targets"] != 0).float().mean()) / 2
+    return 1.0 - float(real)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def run(suites: list[str], repeats: int, warmup: int, adamw: str) -> dict:
+    """Time the suites ("lm": float32 then bf16, each with its matmul peaks; "mt": float32)
+    and return every figure, with the ratios, as one JSON-ready dict."""
+    results: dict = {"threads": torch.get_num_threads(), "repeats": repeats, "adamw": adamw}
+    peaks: dict[str, float] = {}
+    if "lm" in suites:
+        flops = lm_flops_per_token(ak.DecoderLM(ak.ModelConfig.preset("lm-small")))
+        results["lm_flops_per_token"] = flops
+        for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            cands = lm_candidates(precision, adamw) + matmul_candidates(dtype)
+            print(f"lm-small {precision}: timing {len(cands)} candidates ...", flush=True)
+            measure(cands, repeats, warmup)
+            for c in cands:
+                key = "peak" if "matmul" in c.name or "torch.mm" in c.name else "lm"
+                results.setdefault(key, {})[c.name] = _row(c)
+                if key == "peak":
+                    peaks[c.name] = c.rate
+    if "mt" in suites:
+        cands = mt_candidates(adamw)
+        print(f"mt-small fp32: timing {len(cands)} candidates ...", flush=True)
+        measure(cands, repeats, warmup)
+        results["mt_padding"] = mt_padding()
+        results["mt"] = {c.name: _row(c) for c in cands}
+    results["ratios"] = ratios(results, peaks)
+    return results
+
+
+def _row(c: Candidate) -> dict:
+    row = {"per_s": c.rate, "times_s": c.times}
+    if isinstance(c.first, float):
+        row["first_loss"] = c.first
+    return row
+
+
+def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
+    """The comparisons the issue asks for, attnkit / reference (> 1: attnkit faster), for
+    attnkit's training loss and, in the "(logits)" rows, for its logits + F.cross_entropy."""
+    out: dict[str, float] = {}
+    lm, mt = results.get("lm", {}), results.get("mt", {})
+
+    def compare(table, ours, ref, precision, label):
+        if f"{ours} {precision}" in table and f"{ref} {precision}" in table:
+            ratio = table[f"{ours} {precision}"]["per_s"] / table[f"{ref} {precision}"]["per_s"]
+            suffix = " (logits)" if ours == "attnkit logits" else ""
+            out[f"{label} {precision}: attnkit{suffix} / {ref}"] = ratio
+
+    for ours in ("attnkit", "attnkit logits"):
+        for precision in ("fp32", "bf16"):
+            for ref in ("HF GPT-2", "x-transformers"):
+                compare(lm, ours, ref, precision, "lm-small")
+        for ref in ("torch.nn.Transformer", "HF BART"):
+            compare(mt, ours, ref, "fp32", "mt-small")
+    if "attnkit fp32" in lm and "attnkit bf16" in lm:
+        out["lm-small: attnkit bf16 / attnkit fp32"] = (
+            lm["attnkit bf16"]["per_s"] / lm["attnkit fp32"]["per_s"]
+        )
+    flops = results.get("lm_flops_per_token")
+    for precision, label in (("fp32", "float32"), ("bf16", "bf16")):
+        if flops and f"attnkit {precision}" in lm:
+            achieved = lm[f"attnkit {precision}"]["per_s"] * flops
+            for peak_name, peak in peaks.items():
+                if label in peak_name:
+                    out[f"lm-small MFU {precision} attnkit vs {peak_name}"] = achieved / peak
+    return out
+
+
+def print_report(results: dict) -> None:
+    print(
+        f"\ntraining throughput, {results['threads']} threads, median of {results['repeats']} "
+        f"interleaved steps, AdamW {results['adamw']}"
+    )
+    if "lm" in results:
+        print(f"\nlm-small, batch {LM_BATCH} x {LM_LEN} tokens")
+        for name, row in results["lm"].items():
+            loss = row["first_loss"]
+            print(f"  {name:<28} {row['per_s']:10.0f} tokens/s   first loss {loss:.4f}")
+    if "peak" in results:
+        print("\nmatmul peak (4096 x 4096)")
+        for name, row in results["peak"].items():
+            print(f"  {name:<28} {row['per_s'] / 1e9:10.1f} GFLOP/s")
+    if "mt" in results:
+        print(
+            f"\nmt-small, batch {MT_BATCH}, source and target {MT_LEN} tokens, "
+            f"{results['mt_padding']:.1%} padding"
+        )
+        for name, row in results["mt"].items():
+            print(
+                f"  {name:<28} {row['per_s']:10.0f} target tokens/s   "
+                f"first loss {row['first_loss']:.4f}"
+            )
+    if "lm_flops_per_token" in results:
+        flops = results["lm_flops_per_token"]
+        print(f"\nlm-small model FLOPs per token (6 P + 12 L D T): {flops:,.0f}")
+    print("\nratios (> 1: attnkit faster)                                     value  target")
+    for name, value in results["ratios"].items():
+        text = f"{value:.1%}" if "MFU" in name else f"{value:.2f}x"
+        target = TARGETS.get(name)
+        goal = "" if target is None else (f"{target:.0%}" if "MFU" in name else f"{target:.2f}x")
+        mark = "" if target is None else ("  met" if value >= target else "  NOT met")
+        print(f"  {name:<58} {text:>8} {goal:>7}{mark}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", default="lm,mt", help="comma-separated: lm, mt")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per candidate")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per candidate")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--adamw", choices=("fused", "foreach", "loop"), default="fused")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench/training.json"))
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = run(args.suite.split(","), args.repeats, args.warmup, args.adamw)
+    print_report(results)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

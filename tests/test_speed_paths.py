@@ -1,0 +1,172 @@
+"""The fast paths of issue 10 against the plain ones: oneDNN linear layers (forward and both
+gradients) against F.linear, the chunked LM-head loss against logits + F.cross_entropy (label
+smoothing, ignore_index, autocast, no grad), the models' ``loss`` methods, and generation with
+transposed decoding weights against the uncached reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit as ak
+from attnkit.efficient import (
+    Linear,
+    decoding_weights,
+    linear,
+    linear_cross_entropy,
+    onednn_linear,
+    onednn_linear_available,
+)
+
+needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="no oneDNN in torch")
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(8, 16), (3, 5, 16), (2, 9, 4, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out_features", [12, 40])  # narrower and wider than the input
+def test_onednn_linear_matches_f_linear_and_its_gradients(shape, bias, out_features):
+    torch.manual_seed(0)
+    x = torch.randn(shape, requires_grad=True)
+    w = torch.randn(out_features, 16, requires_grad=True)
+    b = torch.randn(out_features, requires_grad=True) if bias else None
+    grad = torch.randn(*shape[:-1], out_features)
+    expected = F.linear(x, w, b)
+    expected.backward(grad)
+    want = [t.grad.clone() for t in (x, w, b) if t is not None]
+    for t in (x, w, b):
+        if t is not None:
+            t.grad = None
+    with onednn_linear(True):
+        got = linear(x, w, b)
+    assert got.grad_fn is not None and "OneDNN" in type(got.grad_fn).__name__
+    got.backward(grad)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for t, g in zip([t for t in (x, w, b) if t is not None], want, strict=True):
+        torch.testing.assert_close(t.grad, g, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_falls_back_to_f_linear_where_onednn_does_not_apply():
+    w = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(10, 4, dtype=torch.float64)
+    assert "OneDNN" not in type(linear(x, w).grad_fn).__name__  # float64
+    x32, w32 = torch.randn(1, 4), torch.randn(6, 4, requires_grad=True)
+    assert "OneDNN" not in type(linear(x32, w32).grad_fn).__name__  # a single row
+    with onednn_linear(False):
+        assert "OneDNN" not in type(linear(torch.randn(10, 4), w32).grad_fn).__name__
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(torch.randn(10, 4), w32).dtype == torch.bfloat16  # autocast's own path
+
+
+def test_linear_is_an_nn_linear_with_the_same_state_dict():
+    layer = Linear(4, 3)
+    assert isinstance(layer, torch.nn.Linear)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("ignore", [False, True])
+@pytest.mark.parametrize("onednn", [False, True])
+def test_linear_cross_entropy_equals_logits_and_cross_entropy(smoothing, ignore, onednn):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 70, 16, requires_grad=True)
+    weight = (torch.randn(300, 16) * 0.3).requires_grad_()
+    targets = torch.randint(0, 300, (3, 70))
+    if ignore:
+        targets[:, -20:] = -100
+    expected = F.cross_entropy(
+        (hidden @ weight.t()).flatten(0, 1), targets.flatten(), label_smoothing=smoothing
+    )
+    expected.backward()
+    want = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    with onednn_linear(onednn):
+        got = linear_cross_entropy(hidden, weight, targets, smoothing=smoothing)
+    (2 * got).backward()  # the upstream gradient scales both gradients
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(hidden.grad, 2 * want[0], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(weight.grad, 2 * want[1], rtol=1e-4, atol=1e-6)
+
+
+def test_linear_cross_entropy_chunks_bf16_no_grad_and_edge_cases(monkeypatch):
+    import attnkit.efficient as efficient
+
+    monkeypatch.setattr(efficient, "_chunk_rows", lambda vocab: 7)  # many uneven chunks
+    torch.manual_seed(1)
+    hidden, weight = torch.randn(50, 8), torch.randn(40, 8)
+    targets = torch.randint(0, 40, (50,))
+    expected = F.cross_entropy(hidden @ weight.t(), targets)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = linear_cross_entropy(hidden, weight, targets)
+        reference = F.cross_entropy((hidden @ weight.t()).float(), targets)
+    torch.testing.assert_close(got, reference, rtol=2e-2, atol=2e-2)
+    # huge logits: the log-sum-exp must not overflow, nor a tiny probability underflow to inf
+    big = linear_cross_entropy(hidden * 1e3, weight, targets)
+    assert torch.isfinite(big)
+    torch.testing.assert_close(big, F.cross_entropy((hidden * 1e3) @ weight.t(), targets))
+    everything_ignored = torch.full((50,), -100)
+    hidden.requires_grad_()
+    zero = linear_cross_entropy(hidden, weight, everything_ignored)
+    zero.backward()
+    assert float(zero.detach()) == 0.0 and torch.equal(hidden.grad, torch.zeros_like(hidden))
+    with pytest.raises(ValueError, match="target id 40"):
+        linear_cross_entropy(hidden, weight, torch.full((50,), 40))
+    with pytest.raises(ValueError, match="targets must have shape"):
+        linear_cross_entropy(hidden, weight, targets[:10])
+
+
+def test_decoder_lm_loss_equals_cross_entropy_of_its_logits():
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=97)
+    torch.manual_seed(0)
+    model = ak.DecoderLM(cfg)
+    ids = torch.randint(3, 97, (2, 20))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :4] = False  # left padding
+    targets = torch.roll(ids, -1, dims=1).masked_fill(~mask, -100)
+    expected = F.cross_entropy(model(ids, mask).flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(model.loss(ids, targets, mask), expected)
+    with pytest.raises(ValueError, match="targets must have the shape"):
+        model.loss(ids, targets[:, :5])
+
+
+def test_transformer_loss_equals_cross_entropy_of_its_logits():
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=61, norm="post", position="sinusoidal")
+    torch.manual_seed(0)
+    model = ak.Transformer(cfg)
+    src, tgt = torch.randint(3, 61, (3, 9)), torch.randint(3, 61, (3, 7))
+    src[0, -2:] = 0
+    tgt[1, -3:] = 0
+    tgt_in = ak.shift_right(tgt, cfg.bos_id)
+    logits = model(src, tgt_in, src != 0)
+    expected = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=0)
+    got = model.loss(src, tgt_in, tgt, src != 0, ignore_index=0, smoothing=0.0)
+    torch.testing.assert_close(got, expected)
+    smoothed = F.cross_entropy(
+        logits.flatten(0, 1), tgt.flatten(), ignore_index=0, label_smoothing=0.1
+    )
+    torch.testing.assert_close(
+        model.loss(src, tgt_in, tgt, src != 0, ignore_index=0, smoothing=0.1), smoothed
+    )
+
+
+def test_decoding_weights_change_the_layout_not_the_values_and_restore_it():
+    cfg = ak.ModelConfig.preset("tiny", eos_id=None)
+    torch.manual_seed(0)
+    model = ak.DecoderLM(cfg).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(1, 1, cfg.d_model)
+    head = model.lm_head
+    expected = head(x)
+    with decoding_weights(model):
+        assert head.weight.shape == (cfg.vocab_size, cfg.d_model)
+        assert head.weight.stride() == (1, cfg.vocab_size)  # (in, out) rows in memory
+        assert head.weight is model.embeddings.tokens.weight  # still tied
+        torch.testing.assert_close(head(x), expected, rtol=1e-5, atol=1e-6)
+    assert all(p.is_contiguous() for p in model.parameters())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    prompt = torch.randint(3, cfg.vocab_size, (2, 5))
+    cached = model.generate(prompt, 12)
+    assert torch.equal(cached, model.generate(prompt, 12, use_cache=False))
+    assert all(p.is_contiguous() for p in model.parameters())
