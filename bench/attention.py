@@ -16,8 +16,6 @@ Peak memory is the growth of the process's resident set (Linux VmHWM, reset thro
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import statistics
 import time
@@ -27,49 +25,9 @@ import torch
 from torch import nn
 
 import attnkit as ak
+from attnkit.explain.complexity import _fix_malloc, peak_extra_mib
 
 B, H, D_K = 1, 8, 64
-
-
-def _fix_malloc_threshold() -> None:
-    """Make glibc return every large block to the OS when it is freed.
-
-    glibc raises its mmap threshold after large blocks are freed, and later blocks then come from
-    the heap, which keeps freed pages resident: resident-set peaks would then say nothing. A fixed
-    threshold keeps each large tensor in its own mapping, so its pages appear and disappear.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def peak_extra_mib(fn) -> float | None:
-    """Resident memory that fn() adds at its peak, in MiB (None without Linux's counters)."""
-    gc.collect()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    except OSError:
-        return None
-    before = _status_kib("VmRSS")
-    result = fn()
-    peak = _status_kib("VmHWM")
-    del result
-    if before is None or peak is None:
-        return None
-    return max(0, peak - before) / 1024
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -128,7 +86,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per cell")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args()
-    _fix_malloc_threshold()
+    _fix_malloc()
     lengths = [int(n) for n in args.lengths.split(",")]
     print(
         f"causal attention forward, B={B}, heads={H}, d_k={D_K}, float32, "
