@@ -57,6 +57,21 @@ def test_linear_falls_back_to_f_linear_where_onednn_does_not_apply():
         assert linear(torch.randn(10, 4), w32).dtype == torch.bfloat16  # autocast's own path
 
 
+@needs_onednn
+def test_linear_keeps_strided_weight_slices_away_from_onednn():
+    """Rows of a transposed in_proj (the cross-attention's q and kv inside decoding_weights) are
+    neither (out, in) nor (in, out) dense; oneDNN ran them 100-1000x slower, so F.linear does."""
+    x = torch.randn(32, 16)
+    transposed = torch.randn(48, 16).t().contiguous().t()  # (48, 16), strides (1, 48)
+    for w in (transposed, transposed[16:], transposed[:16]):
+        expected = F.linear(x, w.contiguous())
+        with onednn_linear(True):
+            got = linear(x, w.detach().requires_grad_())
+        uses_onednn = "OneDNN" in type(got.grad_fn).__name__
+        assert uses_onednn == (w.is_contiguous() or w.t().is_contiguous())
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_linear_is_an_nn_linear_with_the_same_state_dict():
     layer = Linear(4, 3)
     assert isinstance(layer, torch.nn.Linear)

@@ -513,7 +513,10 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
     main_rank = trainer.dist.is_main
     say = (lambda *a, **k: None) if args.quiet or not main_rank else print
     cfg, train = model.cfg, recipe.train
-    tokens = task.describe().get("tokens", {})
+    described = task.describe()
+    unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
+    sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
+    length = "blocks" if unit == "tokens" else "at most"
     say(f"attnkit train {recipe.name} -> {out}")
     say(
         f"  model  {type(model).__name__}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
@@ -521,9 +524,8 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
     )
     say(
         f"  data   {recipe.data.corpus}, {recipe.data.tokenizer} tokenizer "
-        f"({tokenizer.vocab_size:,} tokens); "
-        + ", ".join(f"{split} {n:,}" for split, n in tokens.items())
-        + f" tokens; blocks of {recipe.data.block_size}"
+        f"({tokenizer.vocab_size:,} tokens); {sizes} {unit}; {length} "
+        f"{recipe.data.block_size} tokens"
     )
     say(
         f"  train  {train.steps:,} steps x {train.batch_size}, {train.schedule} lr {train.lr:g}, "
@@ -545,18 +547,24 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
         summary += f", validation loss {validation['loss']:.4f}"
         if "perplexity" in validation:
             summary += f" (perplexity {validation['perplexity']:.3f})"
+        for name in ("bleu", "chrf", "accuracy"):
+            if name in validation:
+                summary += f", {name} {validation[name]:.2f}"
     say(f"{summary}, {result.elapsed_s / 60:.1f} min of training")
     say(f"  checkpoint  {result.checkpoint}")
     if result.status == "finished":
         say(f"  loss curve  {out / 'loss_curve.png'}")
         say(f"  evaluate    attnkit evaluate {result.checkpoint}")
+        use = {"translation": "translate", "classification": "classify"}.get(task.name)
+        if use:
+            say(f"  {use:<11} attnkit {use} {result.checkpoint} TEXT")
         if result.sample is not None:
             say(f"  sample\n{result.sample}")
     return _SIGNAL_EXIT.get(result.signal, 1) if result.signal is not None else 0
 
 
 def _format_metric(name: str, value: float) -> str:
-    return f"{int(value):,}" if name == "tokens" else f"{value:.4f}"
+    return f"{int(value):,}" if name in ("tokens", "sentences") else f"{value:.4f}"
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> None:
@@ -569,7 +577,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
     from attnkit.training.trainer import precision_context
 
     path = Path(args.checkpoint)
-    for option, value in (("--batch-size", args.batch_size), ("--max-batches", args.max_batches)):
+    for option, value in (
+        ("--batch-size", args.batch_size),
+        ("--max-batches", args.max_batches),
+        ("--beam", args.beam),
+    ):
         if value is not None and value < 1:
             raise UsageError(f"{option}: must be a positive integer, got {value}")
     if not path.is_dir():
@@ -599,27 +611,152 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
             f"CHECKPOINT: {path} holds a {type(model).__name__}; the {task.name!r} task "
             f"evaluates {task.family} models"
         )
-    splits = args.split or [s for s in ("validation", "test") if s in task.describe()["tokens"]]
-    results = {}
+    if args.translations and task.name != "translation":
+        raise UsageError(f"--translations: {path} is a {task.name!r} model, not a translator")
+    splits = args.split or [s for s in ("validation", "test") if s in task.splits]
+    results, outputs = {}, {}
     for split in splits:
+        options = {}
+        if task.name == "translation":
+            task.length_penalty = args.length_penalty
+            outputs[split] = {}
+            options = {"beams": sorted({1, args.beam}), "outputs": outputs[split]}
         with precision_context(args.precision, torch.device("cpu")):
             try:
                 results[split] = task.evaluate(
-                    model, split, batch_size=args.batch_size, max_batches=args.max_batches
+                    model,
+                    split,
+                    batch_size=args.batch_size,
+                    max_batches=args.max_batches,
+                    **options,
                 )
             except ValueError as error:
                 raise UsageError(f"--split: {error}") from None
+    if args.translations:
+        _write_translations(Path(args.translations), outputs)
     if args.json:
         print(json.dumps({"checkpoint": str(path), "step": step, **results}, indent=2))
         return
     where = f"step {step:,}, " if step is not None else ""
     print(f"{path}: {type(model).__name__}, {where}task {task.name}, {args.precision}\n")
-    names = list(next(iter(results.values())))
+    if task.name == "classification":
+        print(_classification_report(results, task.labels))
+        return
+    names = [n for n, v in next(iter(results.values())).items() if not isinstance(v, list)]
     header = ["split", *names]
     rows = [[s, *(_format_metric(n, m[n]) for n in names)] for s, m in results.items()]
     print(format_table(header, rows))
-    if "loss" in names:
-        print("\nloss: mean cross entropy in nats per token; perplexity = exp(loss)")
+    print("\nloss: mean cross entropy in nats per token; perplexity = exp(loss)")
+    if task.name == "translation":
+        beam = f"beam search with {args.beam} beams" if args.beam > 1 else "greedy only"
+        print(
+            f"bleu, chrf: sacrebleu corpus scores (0-100) of greedy decoding; *_beam{args.beam}: "
+            f"{beam}, length penalty {args.length_penalty:g}"
+        )
+        split = splits[-1]
+        shown = outputs[split]
+        print(f"\nthe first {min(3, len(shown['source']))} {split} pairs:")
+        for i in range(min(3, len(shown["source"]))):
+            print(f"  source     {shown['source'][i]}")
+            print(f"  reference  {shown['reference'][i]}")
+            for key in (k for k in shown if k not in ("source", "reference")):
+                print(f"  {key:<10} {shown[key][i]}")
+            print()
+
+
+def _load_for_task(path: str, family: str, command: str):
+    """The model and tokenizer of ``path``, which must hold a model of ``family``."""
+    model = _load_model(path, "CHECKPOINT")
+    if getattr(model, "family", None) != family:
+        raise UsageError(
+            f"CHECKPOINT: {path} holds a {type(model).__name__}; {command} needs an {family} model"
+        )
+    tokenizer = _load_tokenizer(path, "CHECKPOINT")
+    if tokenizer is None:
+        raise UsageError(f"CHECKPOINT: {path} has no tokenizer.json")
+    return model, tokenizer
+
+
+def _cmd_translate(args: argparse.Namespace) -> None:
+    from attnkit.training.translation import translate
+
+    beams = 1 if args.greedy else args.beam
+    if beams < 1:
+        raise UsageError(f"--beam: must be a positive integer, got {beams}")
+    if any(not s.strip() for s in args.sentences):
+        raise UsageError("SENTENCE: an empty sentence; give the text to translate")
+    model, tokenizer = _load_for_task(args.checkpoint, "encoder-decoder", "translate")
+    for line in translate(
+        model, tokenizer, args.sentences, num_beams=beams, length_penalty=args.length_penalty
+    ):
+        print(line)
+
+
+def _cmd_classify(args: argparse.Namespace) -> None:
+    from attnkit.training.classification import classify
+
+    model, tokenizer = _load_for_task(args.checkpoint, "encoder-classifier", "classify")
+    labels = model.labels or [str(c) for c in range(model.classifier.out_features)]
+    probs = classify(model, tokenizer, args.texts)  # (B, C)
+    for text, row in zip(args.texts, probs.tolist(), strict=True):
+        best = max(range(len(row)), key=row.__getitem__)
+        if args.all:
+            every = "  ".join(f"{name} {p:.3f}" for name, p in zip(labels, row, strict=True))
+            print(f"{labels[best]}\t{every}\t{text}")
+        else:
+            print(f"{labels[best]}\t{row[best]:.3f}\t{text}")
+
+
+def _write_translations(path: Path, outputs: dict[str, dict[str, list[str]]]) -> None:
+    """One JSON line per evaluated pair: split, source, reference, greedy, beamK."""
+    import json
+
+    lines = []
+    for split, columns in outputs.items():
+        for i in range(len(columns["source"])):
+            lines.append(json.dumps({"split": split, **{k: v[i] for k, v in columns.items()}}))
+    try:
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--translations: cannot write {path}: {error}") from None
+
+
+def _classification_report(results: dict[str, dict], labels: list[str]) -> str:
+    """Accuracy and macro F1 per split, then per-class precision / recall / F1 / support and
+    the confusion matrix (rows: true label, columns: predicted)."""
+    parts = [
+        format_table(
+            ["split", "examples", "loss", "accuracy", "macro F1"],
+            [
+                [
+                    s,
+                    f"{m['examples']:,}",
+                    *(f"{m[k]:.4f}" for k in ("loss", "accuracy", "macro_f1")),
+                ]
+                for s, m in results.items()
+            ],
+        )
+    ]
+    for split, m in results.items():
+        support = [sum(row) for row in m["confusion"]]
+        rows = [
+            [name, *(f"{m[f'{k}/{name}']:.4f}" for k in ("precision", "recall", "f1")), str(n)]
+            for name, n in zip(labels, support, strict=True)
+        ]
+        parts.append(
+            f"{split}: per class\n"
+            + format_table(["label", "precision", "recall", "F1", "support"], rows)
+        )
+        matrix = [
+            [f"true {name}", *map(str, row)]
+            for name, row in zip(labels, m["confusion"], strict=True)
+        ]
+        parts.append(
+            f"{split}: confusion matrix\n"
+            + format_table(["", *(f"predicted {name}" for name in labels)], matrix)
+        )
+    parts.append("loss: mean cross entropy per example (nats)")
+    return "\n\n".join(parts)
 
 
 def _add_training_commands(commands) -> None:
@@ -681,17 +818,22 @@ def _add_training_commands(commands) -> None:
 
     evaluate = commands.add_parser(
         "evaluate",
-        help="validation / test loss and perplexity of a trained checkpoint",
+        help="held-out loss, perplexity, BLEU/chrF or accuracy of a trained checkpoint",
         description=(
             "Evaluate a checkpoint that 'attnkit train' wrote on the held-out splits of the data "
-            "it was trained on (its recipe is in the checkpoint): for language models, the mean "
-            "cross entropy in nats per token, the perplexity exp(loss) and bits per token. A "
-            "model directory without a run state needs --recipe to name its data."
+            "it was trained on (its recipe is in the checkpoint). Language models: the mean "
+            "cross entropy in nats per token, the perplexity exp(loss) and bits per token. "
+            "Translators: the loss, and sacrebleu's corpus BLEU and chrF of greedy decoding and "
+            "of beam search (--beam) side by side, with three example translations. "
+            "Classifiers: accuracy, per-class precision / recall / F1 and the confusion matrix. "
+            "A model directory without a run state needs --recipe to name its data."
         ),
         epilog=(
             "examples:\n"
             "  attnkit evaluate runs/shakespeare-char/checkpoint\n"
             "  attnkit evaluate runs/shakespeare-char/checkpoint --split test --json\n"
+            "  attnkit evaluate runs/de-en/checkpoint --split test --translations out.jsonl\n"
+            "  attnkit evaluate runs/reviews-zh/checkpoint --split test\n"
             "  attnkit evaluate DIR --recipe examples/shakespeare-char.toml --max-batches 20"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -713,7 +855,75 @@ def _add_training_commands(commands) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
     )
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.add_argument(
+        "--beam",
+        type=int,
+        default=4,
+        metavar="N",
+        help="translators: also decode with beam search of N beams (default 4; 1 = greedy only)",
+    )
+    evaluate.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        metavar="A",
+        help="translators: beam hypotheses ranked by score / length**A (default 1.0)",
+    )
+    evaluate.add_argument(
+        "--translations",
+        metavar="FILE",
+        help="translators: write every evaluated pair and its translations as JSON lines",
+    )
     evaluate.set_defaults(handler=_cmd_evaluate)
+
+    translate = commands.add_parser(
+        "translate",
+        help="translate sentences with a trained encoder-decoder (beam search by default)",
+        description=(
+            "Translate each SENTENCE with an encoder-decoder checkpoint (e.g. the one "
+            "'attnkit train examples/de-en.toml' writes): beam search with --beam beams "
+            "(default 4), or --greedy. One translation per line, in order."
+        ),
+        epilog=(
+            "examples:\n"
+            '  attnkit translate runs/de-en/checkpoint "Wir sind nicht viel weiter gekommen."\n'
+            '  attnkit translate runs/de-en/checkpoint --greedy "Das ist mir egal." "Gute Nacht!"'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a model directory")
+    translate.add_argument("sentences", nargs="+", metavar="SENTENCE")
+    translate.add_argument("--beam", type=int, default=4, metavar="N", help="beams (default 4)")
+    translate.add_argument("--greedy", action="store_true", help="greedy decoding (= --beam 1)")
+    translate.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        metavar="A",
+        help="beam hypotheses ranked by score / length**A (default 1.0)",
+    )
+    translate.set_defaults(handler=_cmd_translate)
+
+    classify = commands.add_parser(
+        "classify",
+        help="label texts with a trained encoder classifier, with the label's probability",
+        description=(
+            "Classify each TEXT with an encoder-classifier checkpoint (e.g. the one "
+            "'attnkit train examples/reviews-zh.toml' writes): prints the likeliest label, its "
+            "probability and the text, one line per text. --all prints every label's "
+            "probability."
+        ),
+        epilog=(
+            "examples:\n"
+            '  attnkit classify runs/reviews-zh/checkpoint "这家酒店服务很好"\n'
+            '  attnkit classify runs/reviews-zh/checkpoint --all "电池不耐用" "物流很快"'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    classify.add_argument("checkpoint", metavar="CHECKPOINT", help="a model directory")
+    classify.add_argument("texts", nargs="+", metavar="TEXT")
+    classify.add_argument("--all", action="store_true", help="every label's probability")
+    classify.set_defaults(handler=_cmd_classify)
 
 
 # --------------------------------------------------------------------------------------------

@@ -336,6 +336,10 @@ def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
         and (bias is None or bias.dtype == torch.float32)
+        # A dense (out, in) or (in, out) layout only: a strided slice of a transposed weight
+        # (the cross-attention's rows of in_proj inside decoding_weights) sends oneDNN to a
+        # reference kernel, measured 100-1000x slower than torch's GEMM on the same view.
+        and (weight.is_contiguous() or weight.t().is_contiguous())
         and x.dim() >= 2
         and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1] > 0
         and not torch.is_autocast_enabled("cpu")  # autocast casts to bf16: torch's path

@@ -19,6 +19,7 @@ path; without it the fused path runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -394,16 +395,33 @@ class EncoderClassifier(_Model):
 
     ``pooling="cls"`` reads the first real token (the ``[CLS]`` the tokenizer put in front;
     through BERT's pooler when the config has one); ``pooling="mean"`` averages the real tokens.
+    ``labels`` optionally names the classes (``labels[c]`` for logit c); saved with the model.
     """
 
-    def __init__(self, cfg: ModelConfig, num_classes: int, *, pooling: str = "cls") -> None:
+    family = "encoder-classifier"
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_classes: int,
+        *,
+        pooling: str = "cls",
+        labels: Sequence[str] | None = None,
+    ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        if labels is not None:
+            labels = [str(label) for label in labels]
+            if len(labels) != num_classes or len(set(labels)) != num_classes:
+                raise ValueError(
+                    f"labels must be {num_classes} distinct names (one per class), got {labels!r}"
+                )
         self.cfg = cfg
         self.pooling = pooling
+        self.labels = labels
         self.encoder = EncoderModel(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.d_model, num_classes)

@@ -104,6 +104,8 @@ def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> No
     if isinstance(model, EncoderClassifier):
         meta["num_classes"] = model.classifier.out_features
         meta["pooling"] = model.pooling
+        if model.labels is not None:
+            meta["labels"] = list(model.labels)
     (directory / CONFIG_FILE).write_text(
         json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
     )
@@ -147,7 +149,12 @@ def _load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
     if family == "encoder-classifier":
-        model = EncoderClassifier(cfg, meta.get("num_classes"), pooling=meta.get("pooling", "cls"))
+        model = EncoderClassifier(
+            cfg,
+            meta.get("num_classes"),
+            pooling=meta.get("pooling", "cls"),
+            labels=meta.get("labels"),
+        )
     else:
         model = _FAMILIES[family](cfg)
     weights = path / WEIGHTS_FILE

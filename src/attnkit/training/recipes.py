@@ -3,16 +3,20 @@
 ::
 
     name = "shakespeare-char"      # default: the file's name; the run goes to runs/<name>
-    task = "lm"                    # next-token prediction with a DecoderLM
+    task = "lm"                    # "lm" (DecoderLM) | "translation" (Transformer)
+                                   # | "classification" (EncoderClassifier)
 
     [data]                         # DataConfig
-    corpus = "shakespeare"         # "shakespeare" | "peoples-daily"
+    corpus = "shakespeare"         # lm: "shakespeare" | "peoples-daily";
+                                   # translation: "de-en"; classification: "reviews-zh"
     tokenizer = "char"             # "char" | "bpe" (then vocab_size)
-    block_size = 256               # tokens per training sequence
+    block_size = 256               # tokens per training sequence (lm), per side of a pair
+                                   # (translation), per text (classification)
 
     [model]                        # "preset" (optional) + any ModelConfig field
     d_model = 256                  # vocab_size comes from the tokenizer; max_len defaults
-    n_layers = 4                   # to block_size
+    n_layers = 4                   # to block_size; classification also takes
+                                   # pooling = "cls" | "mean"
 
     [train]                        # TrainConfig: steps, batch_size, lr, schedule, precision...
     steps = 5000
@@ -29,6 +33,7 @@ characters as they are (``--set data.corpus=peoples-daily``); ``none`` clears an
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 import types
@@ -45,12 +50,16 @@ from attnkit.config import ModelConfig
 from attnkit.data import (
     BPETokenizer,
     CharTokenizer,
+    load_de_en,
     load_peoples_daily,
+    load_review_sentiment,
     load_shakespeare,
 )
-from attnkit.models import DecoderLM
+from attnkit.models import DecoderLM, EncoderClassifier, Transformer
+from attnkit.training.classification import ClassificationTask
 from attnkit.training.tasks import LanguageModelTask, Task
 from attnkit.training.trainer import TrainConfig
+from attnkit.training.translation import TranslationTask
 
 __all__ = [
     "CORPORA",
@@ -64,8 +73,16 @@ __all__ = [
     "recipe_differences",
 ]
 
-TASKS = ("lm",)
-CORPORA = ("shakespeare", "peoples-daily")
+TASKS = ("lm", "translation", "classification")
+CORPORA = ("shakespeare", "peoples-daily", "de-en", "reviews-zh")
+# The corpora each task can read.
+TASK_CORPORA = {
+    "lm": ("shakespeare", "peoples-daily"),
+    "translation": ("de-en",),
+    "classification": ("reviews-zh",),
+}
+REVIEW_LABELS = ("negative", "positive")  # load_review_sentiment's 0 and 1
+POOLINGS = ("cls", "mean")
 TOKENIZERS = ("char", "bpe")
 SECTIONS = ("data", "model", "train")
 
@@ -78,13 +95,16 @@ class RecipeError(ValueError):
 class DataConfig:
     """The ``[data]`` section: which text, which tokenizer, how long a training sequence is."""
 
-    corpus: str = "shakespeare"  # "shakespeare" | "peoples-daily"
+    corpus: str = "shakespeare"  # "shakespeare" | "peoples-daily" | "de-en" | "reviews-zh"
     path: str = ""  # another copy of the corpus files ("" = the installed package)
     tokenizer: str = "char"  # "char" | "bpe"
     vocab_size: int = 0  # bpe: the vocabulary size to learn
     min_freq: int = 1  # char: characters seen fewer times in train become <unk>
-    block_size: int = 256  # tokens per training sequence (the context)
-    max_chars: int = 0  # read only the first max_chars characters of each split (0 = all)
+    block_size: int = 256  # tokens per training sequence (the context; per side / per text)
+    max_chars: int = 0  # lm: read only the first max_chars characters of each split (0 = all)
+    max_examples: int = 0  # translation, classification: the first N of each split (0 = all)
+    val_fraction: float = 0.05  # of the examples (chunks, lines, pairs), chosen by hash
+    test_fraction: float = 0.05
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -96,9 +116,17 @@ class DataConfig:
                 f"data.vocab_size must be >= {BPETokenizer.MIN_VOCAB_SIZE} for a bpe tokenizer, "
                 f"got {self.vocab_size}"
             )
-        for name, minimum in (("min_freq", 1), ("block_size", 1), ("max_chars", 0)):
+        for name, minimum in (
+            ("min_freq", 1),
+            ("block_size", 1),
+            ("max_chars", 0),
+            ("max_examples", 0),
+        ):
             if getattr(self, name) < minimum:
                 raise ValueError(f"data.{name} must be >= {minimum}, got {getattr(self, name)}")
+        for name in ("val_fraction", "test_fraction"):
+            if not 0 < getattr(self, name) < 0.5:
+                raise ValueError(f"data.{name} must be in (0, 0.5), got {getattr(self, name)}")
 
 
 @dataclass
@@ -143,7 +171,7 @@ def _schema() -> dict[str, dict[str, Any]]:
     return {
         "": {"name": str, "task": str},
         "data": _hints(DataConfig),
-        "model": {"preset": str, **model},
+        "model": {"preset": str, "pooling": str, **model},
         "train": _hints(TrainConfig),
     }
 
@@ -230,6 +258,18 @@ def _recipe_from_dict(raw: dict[str, Any], source: str) -> Recipe:
     task = top.get("task", "lm")
     if task not in TASKS:
         raise RecipeError(f"{source}: task must be one of {TASKS}, got {task!r}")
+    values["data"].setdefault("corpus", TASK_CORPORA[task][0])
+    if values["data"]["corpus"] not in TASK_CORPORA[task]:
+        raise RecipeError(
+            f"{source}: data.corpus must be one of {TASK_CORPORA[task]} for task {task!r}, "
+            f"got {values['data']['corpus']!r}"
+        )
+    pooling = values["model"].get("pooling")
+    if pooling is not None and (task != "classification" or pooling not in POOLINGS):
+        raise RecipeError(
+            f"{source}: model.pooling must be one of {POOLINGS}, and only for task "
+            f"'classification'; got {pooling!r} for task {task!r}"
+        )
     try:
         data = DataConfig(**values["data"])
         train = TrainConfig(**values["train"])
@@ -284,48 +324,82 @@ def recipe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+def _fractions(data: DataConfig) -> dict[str, float]:
+    return {"val_fraction": data.val_fraction, "test_fraction": data.test_fraction}
+
+
 def _load_texts(data: DataConfig) -> dict[str, str]:
-    """The corpus as one text per split; People's Daily lines joined by newlines."""
+    """The LM corpus as one text per split; People's Daily lines joined by newlines."""
     path = data.path or None
     if data.corpus == "shakespeare":
-        splits = load_shakespeare(path)
+        splits = load_shakespeare(path, **_fractions(data))
         texts = {s: splits[s] for s in ("train", "validation", "test")}
     else:
-        splits = load_peoples_daily(path)
+        splits = load_peoples_daily(path, **_fractions(data))
         texts = {s: "\n".join(splits[s]) + "\n" for s in ("train", "validation", "test")}
     if data.max_chars:
         texts = {s: text[: data.max_chars] for s, text in texts.items()}
     return texts
 
 
-def _train_tokenizer(data: DataConfig, train_text: str):
+def _load_examples(data: DataConfig) -> dict[str, list]:
+    """The pairs (de-en) or labelled texts (reviews-zh) of each split, shuffled by hash (the
+    review loader lists positives first; a fixed shuffle mixes them) and cut to max_examples."""
+    path = data.path or None
+    loader = load_de_en if data.corpus == "de-en" else load_review_sentiment
+    splits = loader(path, **_fractions(data))
+    examples = {}
+    for split in ("train", "validation", "test"):
+        items = sorted(splits[split], key=lambda item: hashlib.sha1(repr(item).encode()).digest())
+        examples[split] = items[: data.max_examples] if data.max_examples else items
+    return examples
+
+
+def _train_tokenizer(data: DataConfig, texts: list[str]):
     if data.tokenizer == "char":
-        return CharTokenizer.train([train_text], min_freq=data.min_freq)
-    return BPETokenizer.train(train_text.splitlines(keepends=True), data.vocab_size)
+        return CharTokenizer.train(texts, min_freq=data.min_freq)
+    return BPETokenizer.train(texts, data.vocab_size)
 
 
 def build_task(recipe: Recipe, tokenizer=None) -> tuple[Task, Any]:
     """Load the corpus and make the task; train the tokenizer on the training split unless one
-    is given (a checkpoint's). Returns ``(task, tokenizer)``."""
-    texts = _load_texts(recipe.data)
+    is given (a checkpoint's). Returns ``(task, tokenizer)``.
+
+    lm: one token stream per split. translation: one tokenizer for both languages, trained on
+    the German and the English sides of the training pairs. classification: the tokenizer
+    trained on the training texts; labels "negative" and "positive".
+    """
+    data, seed = recipe.data, recipe.train.seed
+    if recipe.task == "lm":
+        texts = _load_texts(data)
+        if tokenizer is None:
+            train = texts["train"]
+            lines = [train] if data.tokenizer == "char" else train.splitlines(keepends=True)
+            tokenizer = _train_tokenizer(data, lines)
+        streams = {}
+        for split, text in texts.items():
+            stream = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+            if split == "test" and len(stream) <= data.block_size:
+                continue  # a tiny corpus may have no test split to speak of; it is not needed
+            streams[split] = stream
+        task = LanguageModelTask(streams, data.block_size, seed=seed, pad_id=tokenizer.pad_id)
+        return task, tokenizer
+    examples = _load_examples(data)
+    if recipe.task == "translation":
+        if tokenizer is None:
+            sides = [text for pair in examples["train"] for text in pair]
+            tokenizer = _train_tokenizer(data, sides)
+        return TranslationTask(examples, tokenizer, data.block_size, seed=seed), tokenizer
     if tokenizer is None:
-        tokenizer = _train_tokenizer(recipe.data, texts["train"])
-    streams = {}
-    for split, text in texts.items():
-        stream = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-        if split == "test" and len(stream) <= recipe.data.block_size:
-            continue  # a tiny corpus may have no test split to speak of; it is not needed
-        streams[split] = stream
-    task = LanguageModelTask(
-        streams, recipe.data.block_size, seed=recipe.train.seed, pad_id=tokenizer.pad_id
-    )
+        tokenizer = _train_tokenizer(data, [text for text, _ in examples["train"]])
+    task = ClassificationTask(examples, tokenizer, REVIEW_LABELS, data.block_size, seed=seed)
     return task, tokenizer
 
 
 def build_config(recipe: Recipe, vocab_size: int) -> ModelConfig:
     """The ModelConfig: the preset (if any), the [model] keys, the tokenizer's vocabulary
     size and, unless given, ``max_len = data.block_size``."""
-    values = {k: v for k, v in recipe.model.items() if k != "preset"}
+    values = {k: v for k, v in recipe.model.items() if k not in ("preset", "pooling")}
     values["vocab_size"] = vocab_size
     values.setdefault("max_len", recipe.data.block_size)
     if "preset" in recipe.model:
@@ -341,7 +415,13 @@ def build_config(recipe: Recipe, vocab_size: int) -> ModelConfig:
 
 
 def build_model(recipe: Recipe, vocab_size: int) -> nn.Module:
-    """The model of the recipe's task, initialised from ``train.seed``."""
+    """The model of the recipe's task, initialised from ``train.seed``: a DecoderLM (lm), a
+    Transformer (translation) or an EncoderClassifier (classification, two labels)."""
     cfg = build_config(recipe, vocab_size)
     torch.manual_seed(recipe.train.seed)
+    if recipe.task == "translation":
+        return Transformer(cfg)
+    if recipe.task == "classification":
+        pooling = recipe.model.get("pooling", "cls")
+        return EncoderClassifier(cfg, len(REVIEW_LABELS), pooling=pooling, labels=REVIEW_LABELS)
     return DecoderLM(cfg)

@@ -11,12 +11,14 @@ supplies the rest::
     task.evaluate(model, split, B, k)    {"loss": ..., plus the task's own metrics} on the first
                                          k batches (all when k is None) of a held-out split
     task.describe()                      JSON that goes into the checkpoint (the task's name...)
+    task.splits                          the splits it holds ("train", "validation", "test")
+    task.batch_tokens(batch)             tokens a batch trains on (for tokens/s)
     task.sample(model, tokenizer, ...)   a short demonstration for the end of training, or None
 
 :class:`LanguageModelTask` is next-token prediction on packed blocks (``DecoderLM``).
-A translation task (``Transformer``; batches from ``BucketBatchSampler.batches(epoch)``, BLEU
-in ``evaluate``) and a classification task (``EncoderClassifier``; accuracy) fit the same
-interface.
+:class:`~attnkit.training.translation.TranslationTask` (``Transformer``; BLEU and chrF) and
+:class:`~attnkit.training.classification.ClassificationTask` (``EncoderClassifier``; accuracy,
+precision, recall, F1) fill the same interface.
 """
 
 from __future__ import annotations
@@ -61,9 +63,18 @@ class Task(ABC):
     ) -> dict[str, float]:
         """Metrics on a held-out split; always includes ``"loss"``. Runs under no_grad."""
 
+    @property
+    @abstractmethod
+    def splits(self) -> list[str]:
+        """The splits the task holds ("train", "validation", and "test" when there is one)."""
+
     def describe(self) -> dict[str, Any]:
         """What the checkpoint records about the task."""
         return {"name": self.name, "family": self.family}
+
+    def batch_tokens(self, batch: Batch) -> int:
+        """Tokens the batch trains on, for the tokens/s figure: every input id by default."""
+        return int(batch["input_ids"].numel())
 
     def sample(self, model: nn.Module, tokenizer, *, prompt: str, max_new_tokens: int, seed: int):
         """A short text the trained model makes, for the end of a run; None if the task has
@@ -104,6 +115,10 @@ class LanguageModelTask(Task):
                     f"block_size + 1 = {block_size + 1}; use a smaller data.block_size"
                 )
             self.blocks[split] = PackedBlocks(stream, block_size, seed=seed, shuffle=True)
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.blocks)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -370,7 +370,7 @@ class Trainer:
         if state.batch_in_epoch >= steps_per_epoch:  # batch_size grew since the checkpoint
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         batch = self.task.train_batch(state.epoch, state.batch_in_epoch, config.batch_size)
-        n_tokens = sum(v.numel() for k, v in batch.items() if k == "input_ids")  # global batch
+        n_tokens = self.task.batch_tokens(batch)  # of the global batch
         batch = shard_batch(batch, self.dist.rank, self.dist.world)  # this rank's rows
         batch = {k: v.to(self.device) for k, v in batch.items()}
         lr = self.schedule(state.step + 1)
@@ -426,7 +426,11 @@ class Trainer:
         record = {"split": "validation", "step": self.state.step, "epoch": self.state.epoch}
         if self.dist.is_main:
             self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
-        extra = "".join(f"  {k} {v:.4g}" for k, v in result.items() if k not in ("loss", "tokens"))
+        extra = "".join(
+            f"  {k} {v:.4g}"
+            for k, v in result.items()
+            if k not in ("loss", "tokens", "sentences", "examples") and isinstance(v, float)
+        )
         self._say(f"step {self.state.step}: validation loss {result['loss']:.4f}{extra}")
         return result
 
