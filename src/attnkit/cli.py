@@ -764,11 +764,13 @@ def _add_training_commands(commands) -> None:
         "train",
         help="train a model from a TOML recipe (examples/*.toml), with exact resume",
         description=(
-            "Train a model as a TOML recipe says (examples/*.toml: [data], [model], [train]). "
-            "The run directory (--out, default runs/NAME) gets checkpoint/ (a model directory "
-            "that 'attnkit generate' and 'attnkit evaluate' read, and that --resume continues "
-            "exactly), metrics.jsonl, loss_curve.png and sample.txt. Ctrl-C or SIGTERM saves a "
-            "checkpoint and exits with status 130 / 143; a NaN or infinite loss stops the run "
+            "Train a model as a TOML recipe says (examples/*.toml: task, [data], [model], "
+            "[train]); the task is a language model, a translator or a classifier. The run "
+            "directory (--out, default runs/NAME) gets checkpoint/ (a model directory that "
+            "'attnkit evaluate' and generate, translate or classify read, and that --resume "
+            "continues exactly), metrics.jsonl, loss_curve.png and sample.txt. Ctrl-C or "
+            "SIGTERM saves a checkpoint and exits with status 130 / 143; a NaN or infinite loss "
+            "stops the run "
             "(status 1) and keeps the last good checkpoint."
         ),
         epilog=(
@@ -779,6 +781,8 @@ def _add_training_commands(commands) -> None:
             "--set model.n_layers=2 --out runs/quick\n"
             "  attnkit train examples/shakespeare-char.toml --resume\n"
             "  attnkit train examples/people-daily-char.toml --quiet\n"
+            "  attnkit train examples/de-en.toml          # translation, BLEU\n"
+            "  attnkit train examples/reviews-zh.toml     # classification, accuracy\n"
             "  attnkit train examples/shakespeare-char.toml --nproc 2"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1229,6 +1233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`attnkit ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as error:  # one line, no traceback, unless asked for
         if os.environ.get("ATTNKIT_DEBUG"):
             raise
