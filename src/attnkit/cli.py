@@ -896,7 +896,9 @@ def _add_training_commands(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a model directory")
-    translate.add_argument("sentences", nargs="+", metavar="SENTENCE")
+    translate.add_argument(
+        "sentences", nargs="+", metavar="SENTENCE", help="text in the source language"
+    )
     translate.add_argument("--beam", type=int, default=4, metavar="N", help="beams (default 4)")
     translate.add_argument("--greedy", action="store_true", help="greedy decoding (= --beam 1)")
     translate.add_argument(
@@ -925,7 +927,7 @@ def _add_training_commands(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     classify.add_argument("checkpoint", metavar="CHECKPOINT", help="a model directory")
-    classify.add_argument("texts", nargs="+", metavar="TEXT")
+    classify.add_argument("texts", nargs="+", metavar="TEXT", help="a text to label")
     classify.add_argument("--all", action="store_true", help="every label's probability")
     classify.set_defaults(handler=_cmd_classify)
 

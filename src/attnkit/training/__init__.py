@@ -2,8 +2,9 @@
 
 - :mod:`~attnkit.training.losses`: label-smoothed cross entropy over real tokens.
 - :mod:`~attnkit.training.schedules`: the paper's warm-up schedule (noam), cosine, constant.
-- :mod:`~attnkit.training.tasks`: ``Task`` (what the loop needs from a kind of training) and
-  ``LanguageModelTask``.
+- :mod:`~attnkit.training.tasks`: ``Task`` (what the loop needs from a kind of training),
+  ``LanguageModelTask`` and ``ExampleTask``; ``translation.TranslationTask`` and
+  ``classification.ClassificationTask`` build on the latter.
 - :mod:`~attnkit.training.checkpoint`: checkpoint directories (a model directory plus the
   optimizer and trainer state, no pickle, written atomically).
 - :mod:`~attnkit.training.metrics`: ``metrics.jsonl`` and the loss-curve PNG.
@@ -31,12 +32,13 @@ from attnkit.training.recipes import (
     load_recipe,
 )
 from attnkit.training.schedules import constant_lr, cosine_lr, make_schedule, noam_lr
-from attnkit.training.tasks import LanguageModelTask, Task
+from attnkit.training.tasks import ExampleTask, LanguageModelTask, Task
 from attnkit.training.trainer import TrainConfig, Trainer, TrainingDiverged, TrainResult
 
 __all__ = [
     "CheckpointError",
     "DataConfig",
+    "ExampleTask",
     "LanguageModelTask",
     "MetricsLog",
     "Recipe",

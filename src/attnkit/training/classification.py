@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.data import BucketBatchSampler, pad_batch
-from attnkit.training.tasks import Batch, Task
+from attnkit.data import pad_batch
+from attnkit.training.tasks import Batch, ExampleTask
 
 __all__ = ["ClassificationTask", "classification_metrics", "classify"]
 
@@ -89,7 +89,7 @@ def classify(
     return logits.float().softmax(-1)
 
 
-class ClassificationTask(Task):
+class ClassificationTask(ExampleTask):
     """Text classification with an ``EncoderClassifier``; see the module docstring.
 
     ``examples`` maps "train", "validation" (and optionally "test") to lists of
@@ -130,12 +130,7 @@ class ClassificationTask(Task):
                 )
             self.ids[split] = [_encode(tokenizer, text, max_len) for text, _ in items]
             self.targets[split] = torch.tensor([y for _, y in items], dtype=torch.long)
-        self._lengths = [len(ids) for ids in self.ids["train"]]
-        self._epoch_batches: tuple[int, int, list[list[int]]] | None = None
-
-    @property
-    def splits(self) -> list[str]:
-        return list(self.ids)
+        self.lengths = [len(ids) for ids in self.ids["train"]]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -149,17 +144,6 @@ class ClassificationTask(Task):
     def _collate(self, indices: Sequence[int], split: str) -> Batch:
         ids, mask = pad_batch([self.ids[split][i] for i in indices], self.pad_id)  # (B, N) x 2
         return {"input_ids": ids, "attention_mask": mask, "labels": self.targets[split][indices]}
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        return len(self.ids["train"]) // batch_size
-
-    def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
-        cached = self._epoch_batches
-        if cached is None or cached[:2] != (epoch, batch_size):
-            sampler = BucketBatchSampler(self._lengths, batch_size, seed=self.seed, drop_last=True)
-            cached = (epoch, batch_size, sampler.batches(epoch))
-            self._epoch_batches = cached
-        return self._collate(cached[2][index], "train")
 
     def batch_tokens(self, batch: Batch) -> int:
         return int(batch["attention_mask"].sum())
@@ -175,14 +159,7 @@ class ClassificationTask(Task):
     ) -> dict[str, Any]:
         """Loss and the metrics of :func:`classification_metrics` on the first
         ``max_batches * batch_size`` examples of a fixed random order (all when None)."""
-        if split not in self.ids:
-            raise ValueError(
-                f"ClassificationTask.evaluate: split must be one of {self.splits}, got {split!r}"
-            )
-        n = len(self.ids[split])
-        chosen = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed)).tolist()
-        if max_batches is not None:
-            chosen = chosen[: max_batches * batch_size]
+        chosen = self.held_out(split, None if max_batches is None else max_batches * batch_size)
         chosen.sort(key=lambda i: len(self.ids[split][i]))
         was_training = model.training
         model.eval()

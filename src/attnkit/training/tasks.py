@@ -16,6 +16,8 @@ supplies the rest::
     task.sample(model, tokenizer, ...)   a short demonstration for the end of training, or None
 
 :class:`LanguageModelTask` is next-token prediction on packed blocks (``DecoderLM``).
+:class:`ExampleTask` is the common part of the tasks over separate examples: length-bucketed
+training batches and a fixed held-out order.
 :class:`~attnkit.training.translation.TranslationTask` (``Transformer``; BLEU and chrF) and
 :class:`~attnkit.training.classification.ClassificationTask` (``EncoderClassifier``; accuracy,
 precision, recall, F1) fill the same interface.
@@ -31,10 +33,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit.data import PackedBlocks
+from attnkit.data import BucketBatchSampler, PackedBlocks
 from attnkit.training.losses import label_smoothed_cross_entropy
 
-__all__ = ["Batch", "LanguageModelTask", "Task"]
+__all__ = ["Batch", "ExampleTask", "LanguageModelTask", "Task"]
 
 Batch = dict[str, Tensor]
 
@@ -80,6 +82,52 @@ class Task(ABC):
         """A short text the trained model makes, for the end of a run; None if the task has
         no such thing."""
         return None
+
+
+class ExampleTask(Task):
+    """A task over separate examples (sentence pairs, labelled texts) rather than one stream.
+
+    A subclass fills ``self.ids`` (split -> list of encoded examples), ``self.lengths`` (the
+    length of each training example, for bucketing) and ``self.seed``, and writes
+    ``_collate(indices, split) -> Batch``. Training batches then hold ``batch_size`` examples of
+    similar length: ``BucketBatchSampler(lengths, B, seed, drop_last=True).batches(epoch)``, a
+    pure function of (seed, epoch, index). Evaluation reads :meth:`held_out`, one fixed random
+    order of a split, so ``max_batches=k`` is always the same unbiased sample.
+    """
+
+    ids: dict[str, list]
+    lengths: list[int]
+    seed: int
+    _epoch_batches: tuple[int, int, list[list[int]]] | None = None
+
+    @abstractmethod
+    def _collate(self, indices: list[int], split: str) -> Batch:
+        """The examples ``indices`` of ``split``, padded into one batch."""
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.ids)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return len(self.ids["train"]) // batch_size
+
+    def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
+        cached = self._epoch_batches
+        if cached is None or cached[:2] != (epoch, batch_size):
+            sampler = BucketBatchSampler(self.lengths, batch_size, seed=self.seed, drop_last=True)
+            cached = (epoch, batch_size, sampler.batches(epoch))
+            self._epoch_batches = cached
+        return self._collate(cached[2][index], "train")
+
+    def held_out(self, split: str, max_examples: int | None = None) -> list[int]:
+        """The first ``max_examples`` (all when None) of a fixed random order of ``split``."""
+        if split not in self.ids:
+            raise ValueError(
+                f"{type(self).__name__}.evaluate: split must be one of {self.splits}, got {split!r}"
+            )
+        generator = torch.Generator().manual_seed(self.seed)
+        order = torch.randperm(len(self.ids[split]), generator=generator).tolist()
+        return order if max_examples is None else order[:max_examples]
 
 
 class LanguageModelTask(Task):

@@ -30,10 +30,10 @@ import sacrebleu
 import torch
 from torch import Tensor, nn
 
-from attnkit.data import BucketBatchSampler, pad_batch
+from attnkit.data import pad_batch
 from attnkit.models import shift_right
 from attnkit.training.losses import label_smoothed_cross_entropy
-from attnkit.training.tasks import Batch, Task
+from attnkit.training.tasks import Batch, ExampleTask
 
 __all__ = ["TranslationTask", "corpus_scores", "translate"]
 
@@ -96,7 +96,7 @@ def translate(
     return out
 
 
-class TranslationTask(Task):
+class TranslationTask(ExampleTask):
     """Sentence-pair translation with a ``Transformer``; see the module docstring.
 
     ``pairs`` maps "train", "validation" (and optionally "test") to lists of
@@ -143,12 +143,7 @@ class TranslationTask(Task):
             if not encoded:
                 raise ValueError(f"TranslationTask: the {split} split has no pairs")
             self.texts[split], self.ids[split] = kept, encoded
-        self._lengths = [max(len(s), len(t)) for s, t in self.ids["train"]]
-        self._epoch_batches: tuple[int, int, list[list[int]]] | None = None
-
-    @property
-    def splits(self) -> list[str]:
-        return list(self.ids)
+        self.lengths = [max(len(s), len(t)) for s, t in self.ids["train"]]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -170,17 +165,6 @@ class TranslationTask(Task):
             "tgt_mask": tgt_mask,
             "labels": labels,  # (B, T): y_1 .. y_T, pad_id where there is no target
         }
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        return len(self.ids["train"]) // batch_size
-
-    def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
-        cached = self._epoch_batches
-        if cached is None or cached[:2] != (epoch, batch_size):
-            sampler = BucketBatchSampler(self._lengths, batch_size, seed=self.seed, drop_last=True)
-            cached = (epoch, batch_size, sampler.batches(epoch))
-            self._epoch_batches = cached
-        return self._collate(cached[2][index], "train")
 
     def batch_tokens(self, batch: Batch) -> int:
         return int((batch["labels"] != self.pad_id).sum())
@@ -205,16 +189,6 @@ class TranslationTask(Task):
             )
         return loss, count
 
-    def _held_out(self, split: str, max_examples: int | None) -> list[int]:
-        """A fixed random sample of the split (all of it when ``max_examples`` is None)."""
-        if split not in self.ids:
-            raise ValueError(
-                f"TranslationTask.evaluate: split must be one of {self.splits}, got {split!r}"
-            )
-        n = len(self.ids[split])
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed)).tolist()
-        return order if max_examples is None else order[:max_examples]
-
     @torch.no_grad()
     def evaluate(
         self,
@@ -230,7 +204,7 @@ class TranslationTask(Task):
         ``max_batches * batch_size`` pairs of a fixed random order (all when None).
         ``outputs``, if given, receives "source", "reference" and one list of translations
         per beam width ("greedy", "beam4", ...), in that order."""
-        chosen = self._held_out(split, None if max_batches is None else max_batches * batch_size)
+        chosen = self.held_out(split, None if max_batches is None else max_batches * batch_size)
         was_training = model.training
         model.eval()
         total, tokens = 0.0, 0
