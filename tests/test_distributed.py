@@ -56,13 +56,6 @@ def tiny(steps, **changes):
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def train_losses(run_dir):
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}

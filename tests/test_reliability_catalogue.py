@@ -137,13 +137,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_catalogue_is_large_enough():
     assert len(CASES) >= 40
     commands = {argv[0] for argv, _, _ in CASES}

@@ -97,13 +97,6 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The uninterrupted run's final checkpoint files."""

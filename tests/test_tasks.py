@@ -20,6 +20,7 @@ from attnkit.training.translation import TranslationTask, corpus_scores, transla
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DE_EN = str(EXAMPLES / "de-en.toml")
+pytestmark = pytest.mark.usefixtures("one_thread")
 REVIEWS = str(EXAMPLES / "reviews-zh.toml")
 
 PAIRS = [
@@ -30,15 +31,6 @@ PAIRS = [
     ("Gute Nacht!", "Good night!"),
     ("Er liest ein Buch.", "He reads a book."),
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is as fast, and never stalls on a busy second core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def toy_translation(**cfg):

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import attnkit as ak
 from attnkit.cli import main
@@ -43,13 +42,6 @@ def tiny(**changes):
         **changes,
     }
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def records(run_dir, split):

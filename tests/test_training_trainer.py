@@ -27,13 +27,7 @@ from attnkit.training import checkpoint as checkpoint_module
 TEXT = "to be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_task(block_size=16):

@@ -614,11 +614,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
     if args.translations and task.name != "translation":
         raise UsageError(f"--translations: {path} is a {task.name!r} model, not a translator")
     splits = args.split or [s for s in ("validation", "test") if s in task.splits]
+    if task.name == "translation":
+        task.length_penalty = args.length_penalty
     results, outputs = {}, {}
     for split in splits:
         options = {}
         if task.name == "translation":
-            task.length_penalty = args.length_penalty
             outputs[split] = {}
             options = {"beams": sorted({1, args.beam}), "outputs": outputs[split]}
         with precision_context(args.precision, torch.device("cpu")):
