@@ -1,6 +1,7 @@
-"""Data-parallel training under torchrun (2 CPU processes, gloo, loopback): the same losses and
-parameters as one process with the same global batch, world-size independent checkpoints, and
-a job that stops (instead of hanging) when a rank dies."""
+"""Data-parallel and sharded training under torchrun (2 CPU processes, gloo, loopback): DDP and
+FSDP give the same losses and parameters as one process with the same global batch (with and
+without gradient accumulation, with clipping active), checkpoints that resume across world
+sizes and strategies, and a job that stops (instead of hanging) when a rank dies."""
 
 import json
 import os
@@ -30,7 +31,8 @@ TOL = 1e-5
 def tiny(steps, **changes):
     """A model and a run small enough for a test; a constant schedule so that a run of 10
     steps resumed to 20 follows the same learning rates as 20 steps straight. batch_size 7
-    splits unevenly over 2 ranks (4 + 3 rows), which must still be exact."""
+    splits unevenly over 2 ranks (4 + 3 rows), which must still be exact. The gradient norm
+    of this model is 0.3-1.5 over these steps: clip 0.4 clips most of them."""
     values = {
         "model.d_model": 32,
         "model.n_heads": 2,
@@ -42,6 +44,7 @@ def tiny(steps, **changes):
         "train.steps": steps,
         "train.batch_size": 7,
         "train.lr": 3e-3,
+        "train.clip": 0.4,
         "train.schedule": "constant",
         "train.warmup": 3,
         "train.eval_every": 1000,
@@ -131,13 +134,50 @@ def test_torchrun_env(monkeypatch):
         torchrun_env()
 
 
-def test_ddp_matches_one_process_and_resumes_across_world_sizes(tmp_path, capsys):
-    # One process, global batch 7: 10 steps, a copy of that run, then resumed to 20 steps.
-    single = tmp_path / "single"
-    assert main(["train", SHAKESPEARE, "--out", str(single), "--quiet", *tiny(10)]) == 0
-    shutil.copytree(single, tmp_path / "single-then-ddp")
-    assert main(["train", SHAKESPEARE, "--out", str(single), "--resume", "--quiet", *tiny(20)]) == 0
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """One process, global batch 7: 10 steps (a copy is kept: "at-10"), then resumed to 20.
+    Returns (the 20-step run, the 10-step copy)."""
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("single")
+    run = root / "run"
+    try:
+        assert main(["train", SHAKESPEARE, "--out", str(run), "--quiet", *tiny(10)]) == 0
+        shutil.copytree(run, root / "at-10")
+        resume = ["train", SHAKESPEARE, "--out", str(run), "--resume", "--quiet", *tiny(20)]
+        assert main(resume) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return run, root / "at-10"
 
+
+def compare(run, reference, what):
+    """``run`` against ``reference``: both logged steps 1-20; the largest differences of their
+    losses, weights and logits are printed and must be below TOL."""
+    a, b = train_losses(run), train_losses(reference)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    loss = max(abs(a[s] - b[s]) for s in a)
+    weight = max_difference(weights(run), weights(reference))
+    logit = output_difference(run, reference)
+    print(f"\n{what}: max difference: loss {loss:.2e}, weights {weight:.2e}, logits {logit:.2e}")
+    assert loss < TOL and weight < TOL and logit < TOL
+
+
+def test_gradient_accumulation_in_one_process(single_run, tmp_path, capsys):
+    # 7 rows as 3 micro-batches (3 + 2 + 2) give the same run as the 7 rows at once.
+    single, _ = single_run
+    run = tmp_path / "micro"
+    accumulate = tiny(20, **{"train.accumulate": 3})
+    assert main(["train", SHAKESPEARE, "--out", str(run), "--quiet", *accumulate]) == 0
+    with capsys.disabled():
+        compare(run, single, "accumulate 3 vs 1")
+    bad = ["train", SHAKESPEARE, "--out", str(tmp_path / "x"), *tiny(2, **{"train.accumulate": 8})]
+    assert main(bad) == 2  # 7 rows cannot make 8 micro-batches: a usage error, one line
+    assert "train.accumulate=8" in capsys.readouterr().err
+
+
+def test_ddp_matches_one_process_and_resumes_across_world_sizes(single_run, tmp_path):
+    single, at_10 = single_run
     # The same run on 2 processes, through `attnkit train --nproc 2` (which runs torchrun).
     ddp = tmp_path / "ddp"
     command = [sys.executable, "-m", "attnkit.cli", "train", SHAKESPEARE, "--out", str(ddp)]
@@ -152,46 +192,54 @@ def test_ddp_matches_one_process_and_resumes_across_world_sizes(tmp_path, capsys
     assert "torchrun --standalone --nproc-per-node 2 -m attnkit.train" in done.stdout
     assert done.stdout.count("finished: step 20") == 1  # rank 0 alone reports
     assert "2 processes (ddp)" in done.stdout
-
-    one, two = train_losses(single), train_losses(ddp)
-    assert sorted(one) == sorted(two) == list(range(1, 21))
-    loss_gap = max(abs(one[s] - two[s]) for s in one)
-    weight_gap = max_difference(weights(single), weights(ddp))
-    logit_gap = output_difference(single, ddp)
-    print(
-        f"\n1 vs 2 processes: max loss difference {loss_gap:.2e}, weights {weight_gap:.2e}, "
-        f"logits {logit_gap:.2e}"
-    )
-    assert loss_gap < TOL and weight_gap < TOL and logit_gap < TOL
+    compare(ddp, single, "1 vs 2 processes")
+    one = train_losses(single)
     assert one[20] < one[1] - 0.3  # it did learn something
 
     # The 1-process checkpoint of step 10 resumed on 2 processes: the same as 1 process.
     grown = tmp_path / "single-then-ddp"
+    shutil.copytree(at_10, grown)
     torchrun(SHAKESPEARE, "--out", str(grown), "--resume", "--quiet", *tiny(20))
-    grown_losses = train_losses(grown)
-    assert sorted(grown_losses) == list(range(1, 21))
-    grow_gap = max(abs(grown_losses[s] - one[s]) for s in one)
-    grow_weights = max_difference(weights(single), weights(grown))
-    print(f"1 -> 2 process resume: max loss difference {grow_gap:.2e}, weights {grow_weights:.2e}")
-    assert grow_gap < TOL and grow_weights < TOL
+    compare(grown, single, "1 -> 2 process resume")
 
     # 10 steps on 2 processes (plain torchrun), resumed to 20 in one process: the same as the
     # uninterrupted 2-process run.
     half = tmp_path / "half"
     torchrun(SHAKESPEARE, "--out", str(half), "--quiet", *tiny(10))
     assert json.loads((half / "checkpoint" / "trainer_state.json").read_text())["step"] == 10
-    resume = ["train", SHAKESPEARE, "--out", str(half), "--resume", "--quiet", *tiny(20)]
-    assert main(resume) == 0
-    resumed = train_losses(half)
-    assert sorted(resumed) == list(range(1, 21))
-    resume_gap = max(abs(resumed[s] - two[s]) for s in resumed)
-    resume_weights = max_difference(weights(half), weights(ddp))
-    resume_logits = output_difference(half, ddp)
-    print(
-        f"2 -> 1 process resume: max loss difference {resume_gap:.2e}, weights "
-        f"{resume_weights:.2e}, logits {resume_logits:.2e}"
-    )
-    assert resume_gap < TOL and resume_weights < TOL and resume_logits < TOL
+    assert main(["train", SHAKESPEARE, "--out", str(half), "--resume", "--quiet", *tiny(20)]) == 0
+    compare(half, ddp, "2 -> 1 process resume")
+
+
+def test_fsdp_matches_one_process_and_resumes_across_world_sizes(single_run, tmp_path):
+    single, at_10 = single_run
+    fsdp_options = ("--strategy", "fsdp")
+    # FSDP on 2 processes, each rank's rows (4 and 3) in 2 micro-batches: the same as 1 process.
+    fsdp = tmp_path / "fsdp"
+    micro = tiny(20, **{"train.accumulate": 2})
+    done = torchrun(SHAKESPEARE, "--out", str(fsdp), *fsdp_options, *micro)
+    assert "2 processes (fsdp)" in done.stdout and "in 2 micro-batches" in done.stdout
+    assert done.stdout.count("finished: step 20") == 1
+    compare(fsdp, single, "1 process vs FSDP on 2")
+    # The optimizer state gathered from the shards is the single process's, entry for entry.
+    a, b = (load_file(str(run / "checkpoint" / "optimizer.safetensors")) for run in (fsdp, single))
+    assert a.keys() == b.keys() and len(a) > 10
+    assert all(torch.equal(a[k], b[k]) for k in a if k.endswith(".step"))
+    moment_gap = max(float((a[k] - b[k]).abs().max()) for k in a if not k.endswith(".step"))
+    print(f"optimizer state: max difference {moment_gap:.2e}")
+    assert moment_gap < TOL
+
+    # The 1-process checkpoint of step 10 resumed under FSDP (weights and moments sharded).
+    grown = tmp_path / "single-then-fsdp"
+    shutil.copytree(at_10, grown)
+    torchrun(SHAKESPEARE, "--out", str(grown), "--resume", "--quiet", *fsdp_options, *tiny(20))
+    compare(grown, single, "1 -> FSDP 2 resume")
+
+    # 10 steps under FSDP, resumed to 20 in one process: the same as 20 steps under FSDP.
+    half = tmp_path / "fsdp-half"
+    torchrun(SHAKESPEARE, "--out", str(half), "--quiet", *fsdp_options, *tiny(10))
+    assert main(["train", SHAKESPEARE, "--out", str(half), "--resume", "--quiet", *tiny(20)]) == 0
+    compare(half, fsdp, "FSDP 2 -> 1 resume")
 
 
 def test_a_dead_rank_stops_the_job(tmp_path):

@@ -169,6 +169,26 @@ def test_top_k_gates_are_renormalised_router_probabilities():
     assert moe.aux_loss.item() == pytest.approx(4 * (f * probs.mean(0)).sum().item(), rel=1e-5)
 
 
+def test_in_training_every_expert_gets_a_gradient():
+    # One token, top-1 of 4 experts: three experts get no token. In training they still run
+    # (on no rows) and get a zero gradient, so data-parallel ranks agree on which parameters
+    # have gradients (FSDP's reduce-scatter needs that); in evaluation they are skipped.
+    cfg = ak.ModelConfig.preset("tiny", d_model=8, d_ff=16, n_experts=4, moe_top_k=1)
+    torch.manual_seed(0)
+    moe = MoEFeedForward(cfg)
+    moe(torch.randn(1, 1, 8)).sum().backward()
+    grads = [expert.up.weight.grad for expert in moe.experts]
+    assert all(g is not None for g in grads)
+    assert sum(bool(g.abs().sum() > 0) for g in grads) == 1  # only the chosen one is nonzero
+    calls = []
+    for expert in moe.experts:
+        expert.register_forward_hook(lambda module, args, out: calls.append(module))
+    moe.eval()
+    with torch.no_grad():
+        moe(torch.randn(1, 1, 8))
+    assert len(calls) == 1
+
+
 def test_model_exposes_the_load_balancing_loss():
     model = ak.DecoderLM(ak.ModelConfig.preset("tiny", n_experts=4, moe_top_k=2))
     assert model.moe_loss() == 0.0

@@ -410,11 +410,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         recipe_differences,
     )
 
-    if args.strategy == "fsdp":
-        raise UsageError(
-            "--strategy fsdp: not supported by the trainer yet (FSDP2 itself runs on CPU/gloo "
-            "in torch 2.13, but checkpoints need a full-state gather first); use --strategy ddp"
-        )
     if args.nproc is not None:
         return _launch_torchrun(args)
     overrides = list(args.set)
@@ -528,10 +523,12 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
         f"{recipe.data.block_size} tokens"
     )
     say(
-        f"  train  {train.steps:,} steps x {train.batch_size}, {train.schedule} lr {train.lr:g}, "
+        f"  train  {train.steps:,} steps x {train.batch_size}"
+        + (f" in {train.accumulate} micro-batches" if train.accumulate > 1 else "")
+        + f", {train.schedule} lr {train.lr:g}, "
         f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
         f"{torch.get_num_threads()} CPU thread(s)"
-        + (f", {trainer.dist.world} processes (ddp)" if trainer.dist.enabled else "")
+        + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
     if args.resume:
         say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
@@ -817,7 +814,9 @@ def _add_training_commands(commands) -> None:
         "--strategy",
         choices=("ddp", "fsdp"),
         default="ddp",
-        help="under torchrun: DistributedDataParallel (default); fsdp is not supported yet",
+        help="under torchrun: ddp = DistributedDataParallel, every process holds the whole "
+        "model (default); fsdp = FSDP2, every process holds 1/N of each parameter, gradient "
+        "and optimizer state. Checkpoints are the same either way",
     )
     train.set_defaults(handler=_cmd_train)
 

@@ -134,7 +134,10 @@ class MoEFeedForward(nn.Module):
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, slot = (chosen == e).nonzero(as_tuple=True)
-            if token.numel():
+            # In training every expert runs, on no tokens if none chose it, so that every
+            # expert gets a gradient (zeros): data-parallel ranks must agree on which
+            # parameters have one (FSDP reduce-scatters exactly those).
+            if token.numel() or self.training:
                 out.index_add_(0, token, expert(flat[token]) * gates[token, slot, None])
         n_experts = len(self.experts)
         share = F.one_hot(chosen, n_experts).float().sum(1).mean(0) / self.top_k  # f_e

@@ -48,6 +48,7 @@ __all__ = [
     "load_checkpoint",
     "optimizer_state_from_tensors",
     "optimizer_state_to_tensors",
+    "read_optimizer_state",
     "read_trainer_state",
     "restore_rng",
     "save_checkpoint",
@@ -95,14 +96,17 @@ class TrainerState:
 # --------------------------------------------------------------------------------------------
 
 
-def optimizer_state_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
-    """Split ``optimizer.state_dict()`` into a flat dict of tensors and a JSON-able rest.
+def optimizer_state_to_tensors(
+    optimizer: torch.optim.Optimizer | dict[str, Any],
+) -> tuple[dict[str, Tensor], dict]:
+    """Split ``optimizer.state_dict()`` (or such a dict) into a flat dict of tensors and a
+    JSON-able rest.
 
     ``{"state": {0: {"step": t, "exp_avg": t, ...}, ...}, "param_groups": [...]}`` becomes
     tensors ``{"state.0.step": t, "state.0.exp_avg": t, ...}`` and JSON
     ``{"state": {"0": {"step": {"tensor": "state.0.step"}, ...}}, "param_groups": [...]}``.
     """
-    state_dict = optimizer.state_dict()
+    state_dict = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
     state: dict[str, dict[str, Any]] = {}
     for index, entries in state_dict["state"].items():
@@ -154,11 +158,12 @@ def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | dict[str, Any],
     state: TrainerState,
     tokenizer=None,
 ) -> Path:
     """Write the checkpoint directory atomically (see the module docstring); return its path.
+    ``optimizer`` is the optimizer or its ``state_dict()`` (what a sharded run gathers).
 
     The model part is written by :func:`attnkit.interop.pretrained.write_pretrained`, so it is
     byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
@@ -204,14 +209,20 @@ def load_checkpoint(
     try:
         load_model(model, str(directory / WEIGHTS_FILE), strict=True)
         if optimizer is not None:
-            tensors = load_file(str(directory / OPTIMIZER_TENSORS))
-            meta = json.loads((directory / OPTIMIZER_JSON).read_text(encoding="utf-8"))
-            optimizer.load_state_dict(optimizer_state_from_tensors(tensors, meta))
+            optimizer.load_state_dict(read_optimizer_state(directory))
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError) as error:
         raise CheckpointError(
             f"{directory}: the checkpoint does not fit this run ({error})"
         ) from None
     return state
+
+
+def read_optimizer_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The optimizer state of a checkpoint, as ``optimizer.state_dict()`` gives it."""
+    directory = Path(directory)
+    tensors = load_file(str(directory / OPTIMIZER_TENSORS))
+    meta = json.loads((directory / OPTIMIZER_JSON).read_text(encoding="utf-8"))
+    return optimizer_state_from_tensors(tensors, meta)
 
 
 def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:

@@ -1,37 +1,54 @@
-"""Data-parallel training under torchrun: one process per rank, one shard of each batch each.
+"""Data-parallel and sharded training under torchrun: one process per rank, a share of each batch.
 
 ::
 
-    torchrun --standalone --nproc-per-node N -m attnkit.train RECIPE [options]
+    torchrun --standalone --nproc-per-node N -m attnkit.train RECIPE [--strategy ddp|fsdp]
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK (and MASTER_ADDR / MASTER_PORT) in each worker;
 :func:`init_distributed` reads them and starts ``torch.distributed`` (gloo on CPU, nccl on a
 GPU). The :class:`~attnkit.training.trainer.Trainer` then wraps the model in
-DistributedDataParallel. Each step, every rank builds the same global batch (a pure function
-of (seed, epoch, index)) and keeps rows ``rank::world`` (:func:`shard_batch`). The loss of a
-rank is weighted so that DDP's gradient average is the single-process gradient exactly::
+DistributedDataParallel (every rank holds the whole model) or shards it with FSDP2
+(:func:`shard_model`: each rank holds 1/N of every parameter, gradient and optimizer state).
+Each step, every rank builds the same global batch (a pure function of (seed, epoch, index)),
+keeps rows ``rank::world`` (:func:`shard_batch`) and cuts them into ``train.accumulate``
+micro-batches (:func:`split_batch`). Each micro-batch contributes the *sum* of its token losses
+to the gradient; after the last one, the ranks all-reduce their token counts and the
+gradient is divided by the global count::
 
-    rank r:  L_r = mean loss over its n_r real tokens,  N = sum_r n_r  (all-reduced)
-    backward on  L_r * n_r * world / N   ->  DDP averages over ranks  ->  sum_r L_r n_r / N
+    rank r, micro-batch m:  L_rm = mean loss over its n_rm real tokens
+    backward on  L_rm * n_rm  (no gradient sync until the last micro-batch)
+    DDP / FSDP average over the ranks:  g = (1 / world) sum_rm n_rm grad L_rm
+    N = sum_rm n_rm (all-reduced);  g * world / N = sum_rm n_rm grad L_rm / N
 
-so the global batch size, the loss and the gradient do not depend on the world size, and an
-uneven split (batch_size not a multiple of world) is still exact. Gradients are all-reduced
-inside ``backward``, so clipping afterwards sees the global gradient, the same on every rank.
-
-FSDP2 (``torch.distributed.fsdp.fully_shard``) runs on CPU/gloo in torch 2.13, but the trainer
-does not shard yet: its checkpoints would need a gather of the full state dict first.
+so the global batch size, the loss and the gradient do not depend on the world size or the
+number of micro-batches, and an uneven split (batch_size not a multiple of world) is still
+exact. Clipping comes after, so it sees the global gradient, the same on every rank.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["STRATEGIES", "DistEnv", "cleanup", "init_distributed", "shard_batch", "torchrun_env"]
+__all__ = [
+    "STRATEGIES",
+    "DistEnv",
+    "cleanup",
+    "full_model_state",
+    "full_optimizer_state",
+    "init_distributed",
+    "load_full_model_state",
+    "load_full_optimizer_state",
+    "shard_batch",
+    "shard_model",
+    "split_batch",
+    "torchrun_env",
+]
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -96,3 +113,99 @@ def shard_batch(batch: dict[str, Tensor], rank: int, world: int) -> dict[str, Te
     if world == 1:
         return batch
     return {key: value[rank::world] for key, value in batch.items()}
+
+
+def split_batch(batch: dict[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
+    """``parts`` micro-batches of consecutive rows (sizes differing by at most one); every
+    tensor is split along dimension 0. Each part must get at least one row."""
+    rows = next(iter(batch.values())).shape[0]
+    if not 1 <= parts <= rows:
+        raise ValueError(f"split_batch: cannot cut {rows} rows into {parts} micro-batches")
+    if parts == 1:
+        return [batch]
+    pieces = {key: value.tensor_split(parts) for key, value in batch.items()}
+    return [{key: pieces[key][i] for key in batch} for i in range(parts)]
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2: sharding, and full (world-size independent) state for checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """Shard ``model`` in place with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    Each encoder / decoder layer is one unit (its parameters are gathered just before its
+    forward and freed after; in backward, its gradients are reduce-scattered); the root unit
+    holds the rest: embeddings (tied with the output layer, so they must stay together), final
+    norms, heads. ``model.loss`` is registered as a forward method, so the fused training loss
+    gathers the root's parameters as ``forward`` does. Returns the same object.
+    """
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, nn.ModuleList):
+            for layer in module:
+                fully_shard(layer)
+    fully_shard(model)
+    if callable(getattr(model, "loss", None)):
+        register_fsdp_forward_method(model, "loss")
+    return model
+
+
+def _options(to_cpu_on_rank0: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=to_cpu_on_rank0)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Tensor]:
+    """The whole state dict of a sharded model, gathered on every rank (a collective: every
+    rank must call it). The names are those of the unsharded model."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(False))
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Load a whole state dict (the same on every rank) into a sharded model."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_options(False))
+
+
+def full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, names: list[str]
+) -> dict[str, Any]:
+    """The optimizer state of a sharded model, gathered on rank 0 (empty elsewhere; every rank
+    must call it), in ``optimizer.state_dict()``'s own format: parameters numbered in the
+    order of ``names`` (the parameter names, group after group, as the optimizer was built),
+    exactly what one process training the unsharded model would save."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(model, optimizer, options=_options(True))
+    if not by_name:
+        return {}
+    index = {name: i for i, name in enumerate(names)}
+    unknown = set(by_name["state"]) - set(index)
+    if unknown:
+        raise RuntimeError(f"optimizer state for parameters it was not built with: {unknown}")
+    groups = [
+        {**group, "params": [index[name] for name in group["params"]]}
+        for group in by_name["param_groups"]
+    ]
+    return {"state": {index[k]: v for k, v in by_name["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], names: list[str]
+) -> None:
+    """The inverse of :func:`full_optimizer_state`: a numbered state dict (as one process saves
+    it), given on every rank, is sharded into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    groups = [
+        {**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]
+    ]
+    by_name = {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+    set_optimizer_state_dict(model, optimizer, by_name, options=_options(False))

@@ -5,17 +5,21 @@
     for step in 1 .. steps:
         batch = task.train_batch(epoch, i, B)          # a pure function of (seed, epoch, i)
         lr = schedule(step)                            # a pure function of the step
-        loss = task.loss(model, batch)                 # under bf16 autocast if asked
-        loss.backward(); clip ||g|| to `clip`; AdamW step
+        for part in `accumulate` micro-batches of it:  # gradient accumulation (default 1)
+            loss, n = task.loss(model, part)           # under bf16 autocast if asked
+            (loss * n).backward()                      # the sum of the token losses
+        g /= (tokens in the batch); clip ||g|| to `clip`; AdamW step
         every log_every steps:         a line in metrics.jsonl (loss, lr, tokens/s)
         every eval_every steps:        task.evaluate(model, "validation") -> metrics.jsonl
         every checkpoint_every steps:  checkpoint/ (atomic: the old one or the new one)
 
 Under torchrun (RANK / WORLD_SIZE set) the same loop runs data-parallel: the model is wrapped
-in DistributedDataParallel, each rank trains on rows ``rank::world`` of the global batch with
-a loss weighted so the gradient equals the single-process one (see
-:mod:`attnkit.training.distributed`), and rank 0 alone logs and writes checkpoints. The
-checkpoint holds the unwrapped model, so it does not depend on the world size.
+in DistributedDataParallel (``strategy="ddp"``) or sharded with FSDP2 (``"fsdp"``), each rank
+trains on rows ``rank::world`` of the global batch and the gradient is divided by the global
+token count, so it equals the single-process one (see :mod:`attnkit.training.distributed`);
+rank 0 alone logs and writes checkpoints. The checkpoint holds the plain model and the
+optimizer state as one process would save them (a sharded run gathers both on rank 0 first),
+so it does not depend on the world size or the strategy.
 
 Everything that decides the next step is in the checkpoint: weights, optimizer state, the
 step, the data position (epoch, batch in epoch) and the torch RNG state (dropout). The
@@ -31,6 +35,7 @@ without saving over the last good checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import signal
 import sys
@@ -50,11 +55,22 @@ from attnkit.training.checkpoint import (
     TrainerState,
     find_checkpoint,
     load_checkpoint,
+    read_optimizer_state,
     read_trainer_state,
     restore_rng,
     save_checkpoint,
 )
-from attnkit.training.distributed import STRATEGIES, init_distributed, shard_batch
+from attnkit.training.distributed import (
+    STRATEGIES,
+    full_model_state,
+    full_optimizer_state,
+    init_distributed,
+    load_full_model_state,
+    load_full_optimizer_state,
+    shard_batch,
+    shard_model,
+    split_batch,
+)
 from attnkit.training.metrics import MetricsLog, plot_loss_curve
 from attnkit.training.schedules import SCHEDULES, make_schedule
 from attnkit.training.tasks import Task
@@ -80,6 +96,7 @@ class TrainConfig:
     beta2: float = 0.99
     eps: float = 1e-8
     clip: float = 1.0  # max gradient norm; 0 = no clipping
+    accumulate: int = 1  # micro-batches per step (gradient accumulation); same global batch
     label_smoothing: float | None = None  # None: the model config's label_smoothing
     eval_every: int = 250  # steps between validation runs
     eval_batches: int = 20  # validation batches per run; 0 = the whole split
@@ -92,7 +109,14 @@ class TrainConfig:
     sample_prompt: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "log_every"):
+        for name in (
+            "steps",
+            "batch_size",
+            "accumulate",
+            "eval_every",
+            "checkpoint_every",
+            "log_every",
+        ):
             _check_int(name, getattr(self, name), 1)
         for name in ("warmup", "eval_batches", "sample_tokens", "seed", "threads"):
             _check_int(name, getattr(self, name), 0)
@@ -170,8 +194,16 @@ class Trainer:
     run, then :meth:`fit`.
 
     Under torchrun the trainer joins the process group itself and trains data-parallel;
-    ``strategy`` is "ddp" (DistributedDataParallel; "fsdp" is refused for now). Every rank
-    runs validation (on the same data, so they stay in step); rank 0 alone logs and saves.
+    ``strategy`` is "ddp" (DistributedDataParallel: every rank holds the whole model) or
+    "fsdp" (FSDP2: every rank holds 1/N of each parameter, gradient and optimizer state).
+    Every rank runs validation (on the same data, so they stay in step); rank 0 alone logs and
+    saves.
+
+    ``self.model`` is always a plain model that evaluation, sampling and checkpoints use;
+    ``self.train_model`` is what the training forward runs (the model itself, its DDP
+    wrapper, or the sharded model). Under FSDP ``self.model`` is a separate full copy (no
+    gradients, no optimizer state), refreshed from the shards before each validation and
+    checkpoint: evaluation and generation need every weight in one place anyway.
     """
 
     def __init__(
@@ -194,9 +226,14 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.dist = init_distributed()  # a single process unless torchrun started this one
         self.tokenizer, self.quiet = tokenizer, quiet or not self.dist.is_main
+        self.strategy = strategy
+        self.sharded = self.dist.enabled and strategy == "fsdp"
         self.train_model = self._wrap(model, strategy)  # what the training forward runs
-        self.device = next(model.parameters()).device
-        self.optimizer = self._make_optimizer()
+        self.device = next(self.model.parameters()).device
+        # The optimizer steps the parameters the training forward uses (sharded under FSDP).
+        self.optimizer, self._param_names = self._make_optimizer(
+            self.train_model if self.sharded else self.model
+        )
         smoothing = config.label_smoothing
         cfg = getattr(model, "cfg", None)
         if smoothing is None:
@@ -222,25 +259,27 @@ class Trainer:
         return self.run_dir / CHECKPOINT_DIR
 
     def _wrap(self, model: nn.Module, strategy: str) -> nn.Module:
-        """The model itself for one process; DistributedDataParallel around it under torchrun.
-        ``self.model`` stays the plain module: evaluation, sampling and checkpoints use it."""
-        env = self.dist
+        """The model itself for one process; under torchrun, DistributedDataParallel around it
+        or the model sharded in place by FSDP2 (``self.model`` then becomes a full copy made
+        before sharding)."""
+        env, config = self.dist, self.config
+        if config.batch_size < env.world * config.accumulate:
+            raise ValueError(
+                f"train.batch_size={config.batch_size} cannot feed {env.world} process(es) x "
+                f"train.accumulate={config.accumulate} micro-batches: every micro-batch of "
+                "every rank needs at least one row"
+            )
         if not env.enabled:
             return model
-        if strategy == "fsdp":
-            raise ValueError(
-                "strategy 'fsdp' is not supported by the trainer yet (FSDP2 itself runs on "
-                "CPU/gloo, but checkpoints would need a full-state gather); use 'ddp'"
-            )
-        if self.config.batch_size < env.world:
-            raise ValueError(
-                f"train.batch_size={self.config.batch_size} is smaller than the world size "
-                f"{env.world}: every rank needs at least one row of each batch"
-            )
         device_ids = None
         if torch.cuda.is_available():
             model.to(torch.device("cuda", env.local_rank))
             device_ids = [env.local_rank]
+        if strategy == "fsdp":
+            self.model = copy.deepcopy(model)  # the plain copy (before the shards replace it)
+            for param in self.model.parameters():
+                param.requires_grad_(False)
+            return shard_model(model)
         # MoE experts a batch does not route to get no gradient; DDP must be told.
         unused = bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
         return nn.parallel.DistributedDataParallel(
@@ -251,22 +290,39 @@ class Trainer:
         if self.dist.enabled:
             torch.distributed.barrier()
 
-    def _make_optimizer(self) -> torch.optim.AdamW:
-        """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains."""
+    def _make_optimizer(self, model: nn.Module) -> tuple[torch.optim.AdamW, list[str]]:
+        """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains.
+        Also returns the parameter names in the optimizer's order (group after group)."""
         decay, no_decay = [], []
-        for _, param in self.model.named_parameters():  # a tied weight comes once
+        for name, param in model.named_parameters():  # a tied weight comes once
             if param.requires_grad:
-                (decay if param.dim() >= 2 else no_decay).append(param)
+                (decay if param.dim() >= 2 else no_decay).append((name, param))
         groups = [
-            {"params": decay, "weight_decay": self.config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"params": [p for _, p in decay], "weight_decay": self.config.weight_decay},
+            {"params": [p for _, p in no_decay], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(
+        optimizer = torch.optim.AdamW(
             groups,
             lr=self.config.lr,
             betas=(self.config.beta1, self.config.beta2),
             eps=self.config.eps,
         )
+        return optimizer, [name for name, _ in decay + no_decay]
+
+    def _refresh_model(self) -> None:
+        """Under FSDP, gather the shards into the plain copy ``self.model`` (a collective:
+        every rank calls it). Nothing to do otherwise: ``self.model`` is what trains."""
+        if self.sharded:
+            self.model.load_state_dict(full_model_state(self.train_model))
+
+    def _sync_gradients(self, sync: bool):
+        """A context in which backward all-reduces (DDP) / reduce-scatters (FSDP) the
+        gradients only if ``sync``: micro-batches before the last one just accumulate."""
+        if sync or not self.dist.enabled:
+            return contextlib.nullcontext()
+        if self.sharded:
+            return _fsdp_no_sync(self.train_model)
+        return self.train_model.no_sync()
 
     # ----------------------------------------------------------------------------------------
     # Resume, save, evaluate
@@ -283,7 +339,20 @@ class Trainer:
             raise CheckpointError(
                 f"{directory}: the checkpoint is a {task!r} run, this is a {self.task.name!r} task"
             )
-        state = load_checkpoint(directory, model=self.model, optimizer=self.optimizer)
+        if self.sharded:  # the whole state into the plain copy, then shard it
+            state = load_checkpoint(directory, model=self.model)
+            load_full_model_state(self.train_model, self.model.state_dict())
+            try:
+                optimizer_state = read_optimizer_state(directory)
+                load_full_optimizer_state(
+                    self.train_model, self.optimizer, optimizer_state, self._param_names
+                )
+            except (OSError, RuntimeError, KeyError, IndexError, ValueError) as error:
+                raise CheckpointError(
+                    f"{directory}: the optimizer state does not fit this run ({error})"
+                ) from None
+        else:
+            state = load_checkpoint(directory, model=self.model, optimizer=self.optimizer)
         restore_rng(state)
         state.recipe = self.state.recipe if self.state.recipe is not None else state.recipe
         state.task = self.task.describe()
@@ -295,12 +364,17 @@ class Trainer:
 
     def save(self) -> Path:
         """Write the checkpoint now (atomically); under torchrun rank 0 writes it and the
-        others wait until it is there. The model saved is the unwrapped one."""
+        others wait until it is there. The model saved is the plain one; under FSDP the
+        weights and the optimizer state are gathered first (every rank must call this)."""
+        optimizer: torch.optim.Optimizer | dict = self.optimizer
+        if self.sharded:
+            self._refresh_model()
+            optimizer = full_optimizer_state(self.train_model, self.optimizer, self._param_names)
         if self.dist.is_main:
             save_checkpoint(
                 self.checkpoint_dir,
                 model=self.model,
-                optimizer=self.optimizer,
+                optimizer=optimizer,
                 state=self.state,
                 tokenizer=self.tokenizer,
             )
@@ -309,7 +383,8 @@ class Trainer:
         return self.checkpoint_dir
 
     def evaluate(self, split: str = "validation", max_batches: int | None = None) -> dict:
-        """``task.evaluate`` under the run's precision."""
+        """``task.evaluate`` under the run's precision (under FSDP every rank must call it)."""
+        self._refresh_model()
         with precision_context(self.config.precision, self.device):
             return self.task.evaluate(
                 self.model, split, batch_size=self.config.batch_size, max_batches=max_batches
@@ -372,22 +447,34 @@ class Trainer:
         batch = self.task.train_batch(state.epoch, state.batch_in_epoch, config.batch_size)
         n_tokens = self.task.batch_tokens(batch)  # of the global batch
         batch = shard_batch(batch, self.dist.rank, self.dist.world)  # this rank's rows
-        batch = {k: v.to(self.device) for k, v in batch.items()}
         lr = self.schedule(state.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with precision_context(config.precision, self.device):
-            loss, count = self.task.loss(self.train_model, batch, smoothing=self.smoothing)
-        if self.dist.enabled:
-            loss, value, count = self._global_loss(loss, count)
+        parts = split_batch(batch, config.accumulate)
+        loss_sum, count = 0.0, 0
+        for i, part in enumerate(parts):
+            part = {k: v.to(self.device) for k, v in part.items()}
+            with self._sync_gradients(i == len(parts) - 1):
+                with precision_context(config.precision, self.device):
+                    loss, n = self.task.loss(self.train_model, part, smoothing=self.smoothing)
+                (loss * n).backward()  # the sum of this part's token losses
+            loss_sum += float(loss.detach()) * n
+            count += n
+        if self.dist.enabled:  # DDP / FSDP averaged the gradients over the ranks
+            value, count = self._global_loss(loss_sum, count)
+            scale = self.dist.world / max(count, 1)
         else:
-            value = float(loss.detach())
-        if not math.isfinite(value):
-            raise self._diverged("the loss", value)
-        loss.backward()  # DDP all-reduces (averages) the gradients in here
+            value, scale = loss_sum / max(count, 1), 1 / max(count, 1)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged("the loss", value)
+        for param in params:  # the sum over the batch's tokens -> their mean
+            if param.grad is not None:
+                param.grad.mul_(scale)
         # ||g|| is checked even without clipping (max_norm = inf then leaves g as it is).
-        norm = float(torch.nn.utils.clip_grad_norm_(params, config.clip or math.inf))
+        norm = torch.nn.utils.clip_grad_norm_(params, config.clip or math.inf)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise self._diverged("the gradient norm", norm)
@@ -400,24 +487,20 @@ class Trainer:
         state.tokens_seen += n_tokens
         return value, count, n_tokens
 
-    def _global_loss(self, loss: torch.Tensor, count: int) -> tuple[torch.Tensor, float, int]:
-        """One all-reduce of (tokens, loss x tokens, stop flag) over the ranks. Returns the
-        loss to differentiate, ``loss * count * world / total`` (DDP's average of the ranks'
-        gradients is then the gradient of the global mean), the global mean loss and the global
-        token count. A signal on any rank stops every rank after this step."""
+    def _global_loss(self, loss_sum: float, count: int) -> tuple[float, int]:
+        """One all-reduce of (tokens, summed loss, stop flag) over the ranks. Returns the
+        global mean loss and the global token count. A signal on any rank stops every rank
+        after this step."""
         stop = 1.0 if self._stop_signal is not None else 0.0
         reduced = torch.tensor(
-            [float(count), float(loss.detach()) * count, stop],
-            dtype=torch.float64,
-            device=self.device,
+            [float(count), loss_sum, stop], dtype=torch.float64, device=self.device
         )
         torch.distributed.all_reduce(reduced)
         total, weighted, stopped = reduced.tolist()
         self._stop_agreed = bool(stopped)  # the loop stops on this, the same on every rank
         if stopped and self._stop_signal is None:
             self._stop_signal = signal.SIGTERM
-        total = max(total, 1.0)
-        return loss * (count * self.dist.world / total), weighted / total, int(total)
+        return weighted / max(total, 1.0), int(total)
 
     def _validate(self) -> dict[str, float]:
         config = self.config
@@ -452,6 +535,7 @@ class Trainer:
         stop_at = config.steps if until is None else min(until, config.steps)
         self._stop_signal, self._stop_agreed = None, False
         self.model.train()
+        self.train_model.train()
 
         interactive = sys.stderr.isatty() and not self.quiet
         self._bar = tqdm(
@@ -556,6 +640,17 @@ class Trainer:
         recipe = self.state.recipe or {}
         title = f"{recipe.get('name', self.task.name)}: loss per token"
         return plot_loss_curve(self.metrics.read(), self.run_dir / LOSS_CURVE_FILE, title=title)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module):
+    """FSDP2's counterpart of DDP's ``no_sync``: gradients stay local (unsharded) until a
+    backward outside this context reduce-scatters their sum."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def train_config_fields() -> list[str]:
