@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):
 # trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
-# plots), chromium (the browser test of the HTML report).
+# plots), chromium (the browser test of the HTML report), g++ (torch.compile on a CPU, for
+# `generate(..., compile=True)`).
 data:
 	@missing=""; \
 	[ -e $(DE_EN) ] || missing="$$missing trans-de-en"; \
 	fc-list :lang=zh 2>/dev/null | grep -q . || missing="$$missing fonts-wqy-zenhei"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian packages:$$missing"; \

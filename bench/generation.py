@@ -4,9 +4,12 @@ GPT2LMHeadModel.generate(use_cache=True), the same weights, in the same process.
 The ``lm-small`` preset (vocab 8192, d_model 256, 8 heads, 4 layers, d_ff 1024, learned
 positions, Pre-LN, GELU, tied), random weights, batch 1, a 32-token prompt, 256 new tokens.
 Prints tokens/s for both, their ratio, and attnkit's milliseconds per token over tokens 1-64
-against tokens 193-256 (a cache that grew by copying would make late tokens slower).
+against tokens 193-256 (a cache that grew by copying would make late tokens slower). attnkit
+runs twice: eager, and with ``generate(..., compile=True)`` (the decoding step through
+torch.compile; its one-off compile time is printed and not in the timed rounds).
 
     python bench/generation.py [--new-tokens 256] [--repeats 3] [--threads 2] [--json out.json]
+                               [--no-compile]
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out attnkit with compile=True"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,6 +72,10 @@ def main() -> None:
 
     def run_ours(stamp):
         return ours.generate(prompt, new, on_token=stamp)[0, args.prompt :].tolist()
+
+    def run_compiled(stamp):
+        out = ours.generate(prompt, new, on_token=stamp, compile=True)
+        return out[0, args.prompt :].tolist()
 
     class Stamp(transformers.generation.streamers.BaseStreamer):
         """Hugging Face calls put() with the prompt, then with each new token."""
@@ -94,42 +104,57 @@ def main() -> None:
             )
         return out[0, args.prompt :].tolist()
 
+    candidates = {"attnkit": run_ours, "hf": run_hf}
+    if not args.no_compile:
+        candidates["attnkit compiled"] = run_compiled
+    started = time.perf_counter()
     run_ours(lambda *_: None), run_hf(lambda *_: None)  # warm-up
-    speed = {"attnkit": [], "hf": []}
-    gaps_ours: list[list[float]] = []
+    warm = time.perf_counter()
+    if not args.no_compile:
+        run_compiled(lambda *_: None)  # compiles, once per process
+    compile_s = time.perf_counter() - warm - (warm - started) / 2  # about: minus one eager run
+    speed: dict[str, list[float]] = {name: [] for name in candidates}
+    gaps: dict[str, list[list[float]]] = {name: [] for name in candidates}
     tokens = {}
-    for _ in range(args.repeats):
-        for name, run in (("attnkit", run_ours), ("hf", run_hf)):
-            toks, gaps, total = timed(run)
+    for _ in range(args.repeats):  # interleaved: round r runs every candidate once
+        for name, run in candidates.items():
+            toks, gap, total = timed(run)
             tokens[name] = toks
             speed[name].append(new / total)
-            if name == "attnkit":
-                gaps_ours.append(gaps)
-    ours_tps, hf_tps = statistics.median(speed["attnkit"]), statistics.median(speed["hf"])
-    early = statistics.median(statistics.mean(g[:63]) for g in gaps_ours) * 1000
-    late = statistics.median(statistics.mean(g[-63:]) for g in gaps_ours) * 1000
-    same = tokens["attnkit"] == tokens["hf"]
+            gaps[name].append(gap)
+    tps = {name: statistics.median(values) for name, values in speed.items()}
+    hf_tps = tps["hf"]
     print(
         f"greedy generation, lm-small, batch 1, prompt {args.prompt}, {new} new tokens, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
     )
-    print(f"  attnkit (KV cache)               {ours_tps:8.1f} tokens/s")
     print(f"  Hugging Face GPT-2 generate      {hf_tps:8.1f} tokens/s")
-    print(f"  ratio attnkit / Hugging Face     {ours_tps / hf_tps:8.2f}x")
-    print(f"  attnkit ms/token, tokens 2-64    {early:8.3f}")
-    print(f"  attnkit ms/token, last 63 tokens {late:8.3f}  ({late / early - 1:+.1%})")
-    print(f"  same tokens as Hugging Face      {same}")
+    figures: dict = {"threads": torch.get_num_threads(), "hf_tokens_per_s": hf_tps}
+    for name in candidates:
+        if name == "hf":
+            continue
+        early = statistics.median(statistics.mean(g[:63]) for g in gaps[name]) * 1000
+        late = statistics.median(statistics.mean(g[-63:]) for g in gaps[name]) * 1000
+        same = tokens[name] == tokens["hf"]
+        label = "attnkit (KV cache)" if name == "attnkit" else "attnkit, compile=True"
+        print(f"  {label:32s} {tps[name]:8.1f} tokens/s")
+        print(f"    ratio to Hugging Face          {tps[name] / hf_tps:8.2f}x")
+        print(f"    ms/token, tokens 2-64          {early:8.3f}")
+        print(f"    ms/token, last 63 tokens       {late:8.3f}  ({late / early - 1:+.1%})")
+        print(f"    same tokens as Hugging Face    {same}")
+        key = name.replace(" ", "_")
+        figures |= {
+            f"{key}_tokens_per_s": tps[name],
+            f"{key}_ratio": tps[name] / hf_tps,
+            f"{key}_early_ms_per_token": early,
+            f"{key}_late_ms_per_token": late,
+            f"{key}_same_tokens": same,
+        }
+    if not args.no_compile:
+        print(f"  compiling (once per process)     {compile_s:8.1f} s")
+        figures["compile_s"] = compile_s
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        figures = {
-            "threads": torch.get_num_threads(),
-            "attnkit_tokens_per_s": ours_tps,
-            "hf_tokens_per_s": hf_tps,
-            "ratio": ours_tps / hf_tps,
-            "early_ms_per_token": early,
-            "late_ms_per_token": late,
-            "same_tokens": same,
-        }
         args.json.write_text(json.dumps(figures, indent=2))
 
 

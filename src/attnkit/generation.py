@@ -18,10 +18,17 @@ can beat its best finished one any more.
 negative log-probability); 1.0 (the default) ranks by the mean log-probability per token; larger
 values favour longer outputs further. Hugging Face's formula is the same, but for decoder-only
 models its ``length`` includes the prompt; attnkit's never does.
+
+``compile=True`` runs each cached step (one position per sequence through every layer and the
+output layer) as one ``torch.compile``d function (Inductor, dynamic shapes, so the growing
+cache does not recompile): the same operations, with the elementwise ones fused and no Python
+between them. The first call of a process compiles (about 10 s on 2 CPU cores; on a CPU it
+needs a C++ compiler); later calls reuse it. The tokens are the same as without it (tested).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +96,40 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_samp
 # --------------------------------------------------------------------------------------------
 
 
+def _lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
+    """One cached step of a DecoderLM: the logits (B, V) that follow ``tokens`` (B, 1)."""
+    return model.lm_head(model.hidden_states(tokens, mask, cache)[0][:, -1])
+
+
+def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
+    """One cached step of a Transformer's decoder: the logits (B, V) that follow ``tokens``."""
+    return model.decode(tokens, memory, src_mask, cache=cache)[:, -1]
+
+
+_COMPILED: dict[Callable, Callable] = {}
+
+
+def _compiled(step: Callable, device: torch.device) -> Callable:
+    """``torch.compile(step, dynamic=True)``, made once per process (Dynamo keeps the compiled
+    code per model and per kind of input, so later ``generate`` calls reuse it)."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise RuntimeError(
+            "compile=True: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
+            "and none is on PATH; install one (apt-get install g++) or leave compile off"
+        )
+    if step not in _COMPILED:
+        options = {
+            # The generated code calls its kernels from C++, not Python: less per-step overhead.
+            "cpp_wrapper": True,
+            # No per-call checks of torch.nn's own modules (Linear, LayerNorm, ...): their
+            # attributes never change during generation. attnkit's modules, the model among
+            # them, are still checked, so another model gets its own compiled code.
+            "guard_filter_fn": torch.compiler.skip_guard_on_inbuilt_nn_modules_unsafe,
+        }
+        _COMPILED[step] = torch.compile(step, dynamic=True, options=options)
+    return _COMPILED[step]
+
+
 class _DecoderLMStepper:
     """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
 
@@ -99,9 +140,10 @@ class _DecoderLMStepper:
     faster than (out, in). The cached and the uncached path share the head.
     """
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache):
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
         self.model, self.use_cache = model, use_cache
         self.device = input_ids.device
+        self.cached_step = _compiled(_lm_step, self.device) if compile else _lm_step
         self.ids = input_ids
         self.mask = model.check_inputs(input_ids, attention_mask)
         dtype = next(model.parameters()).dtype
@@ -127,7 +169,7 @@ class _DecoderLMStepper:
         if self.mask is not None:
             self.mask = torch.cat([self.mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
         if self.use_cache:
-            return self._logits(self.model.hidden_states(tokens, self.mask, self.cache)[0])
+            return self.cached_step(self.model, tokens, self.mask, self.cache)
         self.ids = torch.cat([self.ids, tokens], dim=1)
         return self._logits(self.model.hidden_states(self.ids, self.mask)[0])
 
@@ -142,9 +184,10 @@ class _DecoderLMStepper:
 class _TransformerStepper:
     """Feeds the encoder-decoder: the encoder runs once; the decoder starts from BOS."""
 
-    def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache):
+    def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache, compile):
         self.model, self.use_cache = model, use_cache
         self.device = src_ids.device
+        self.cached_step = _compiled(_seq2seq_step, self.device) if compile else _seq2seq_step
         self.src_mask = src_mask
         self.memory = model.encode(src_ids, src_mask)  # (B, S, D), computed once
         b = src_ids.shape[0]
@@ -167,8 +210,9 @@ class _TransformerStepper:
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
         self.tgt = torch.cat([self.tgt, tokens], dim=1)
-        feed = tokens if self.use_cache else self.tgt
-        return self.model.decode(feed, self.memory, self.src_mask, cache=self.cache)[:, -1]
+        if self.use_cache:
+            return self.cached_step(self.model, tokens, self.memory, self.src_mask, self.cache)
+        return self.model.decode(self.tgt, self.memory, self.src_mask)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.tgt = self.tgt.index_select(0, index)
@@ -334,6 +378,7 @@ def beam_search(
     length_penalty: float = 1.0,
     eos_id: int | None = None,
     use_cache: bool = True,
+    compile: bool = False,
     on_finish: Callable[[int, BeamHypothesis], None] | None = None,
 ) -> list[list[BeamHypothesis]]:
     """Beam search, returning every finished hypothesis of each input, best first.
@@ -344,7 +389,9 @@ def beam_search(
     _check_options(max_new_tokens, 1.0, None, None, num_beams, False)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     with _eval_mode(model):
-        stepper = _stepper(model, input_ids, attention_mask, num_beams, max_new_tokens, use_cache)
+        stepper = _stepper(
+            model, input_ids, attention_mask, num_beams, max_new_tokens, use_cache, compile
+        )
         return _beam_search(
             stepper,
             input_ids.shape[0],
@@ -384,7 +431,7 @@ def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
     return eos_id
 
 
-def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache):
+def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache, compile=False):
     """A stepper over k copies of each input row (k > 1: beam search)."""
     rows = input_ids.repeat_interleave(k, dim=0) if k > 1 else input_ids  # (B k, N)
     mask = attention_mask
@@ -392,7 +439,7 @@ def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache):
         mask = mask.bool().repeat_interleave(k, dim=0) if k > 1 else mask.bool()
     is_lm = model.family == "decoder-only"
     stepper_cls = _DecoderLMStepper if is_lm else _TransformerStepper
-    return stepper_cls(model, rows, mask, max_new_tokens, use_cache)
+    return stepper_cls(model, rows, mask, max_new_tokens, use_cache, compile and use_cache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,11 +464,14 @@ def generate(
     use_cache: bool = True,
     seed: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
     Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
     tokens with BOS first). Rows that finish (EOS) are filled with ``pad_id``; generation stops
-    early once every row has finished. See the module docstring for the decoding rules."""
+    early once every row has finished. ``compile=True`` runs the cached decoding step through
+    ``torch.compile`` (the same tokens, faster per step after a one-off compile). See the
+    module docstring for the decoding rules."""
     _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     cfg = model.cfg
@@ -436,6 +486,7 @@ def generate(
             length_penalty=length_penalty,
             eos_id=eos_id,
             use_cache=use_cache,
+            compile=compile,
         )
         longest = max(len(h[0].tokens) for h in hypotheses)
         new = torch.full((batch, longest), cfg.pad_id, dtype=torch.long)
@@ -457,7 +508,9 @@ def generate(
                 return logits.argmax(dim=-1)
 
         with _eval_mode(model):
-            stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)
+            stepper = _stepper(
+                model, input_ids, attention_mask, 1, max_new_tokens, use_cache, compile
+            )
             new = _greedy_or_sample(
                 stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose, on_token
             )

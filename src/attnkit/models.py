@@ -615,6 +615,7 @@ class Transformer(_Model):
         use_cache: bool = True,
         seed: int | None = None,
         on_token=None,
+        compile: bool = False,
     ) -> Tensor:
         """Translate: target tokens (B, 1 + T), BOS first, each row filled with pad_id after its
         EOS. The encoder runs once; with the cache each layer's cross-attention keys and values
@@ -634,6 +635,7 @@ class Transformer(_Model):
             use_cache=use_cache,
             seed=seed,
             on_token=on_token,
+            compile=compile,
         )
 
 
@@ -740,6 +742,7 @@ class DecoderLM(_Model):
         use_cache: bool = True,
         seed: int | None = None,
         on_token=None,
+        compile: bool = False,
     ) -> Tensor:
         """Continue the prompts: (B, N + T), the prompt followed by the new tokens, each row
         filled with pad_id after its EOS. Prompts of different lengths go left-padded with an
@@ -760,4 +763,5 @@ class DecoderLM(_Model):
             use_cache=use_cache,
             seed=seed,
             on_token=on_token,
+            compile=compile,
         )
