@@ -14,7 +14,7 @@ import attnkit as ak
 from attnkit.cli import main
 from attnkit.data import CharTokenizer
 from attnkit.models import shift_right
-from attnkit.training import RecipeError, load_recipe
+from attnkit.training import LanguageModelTask, RecipeError, load_recipe
 from attnkit.training.classification import ClassificationTask, classification_metrics, classify
 from attnkit.training.translation import TranslationTask, corpus_scores, translate
 
@@ -103,10 +103,19 @@ def test_translation_loss_ignores_padding(smoothing):
     assert float(together.detach()) == pytest.approx(total / tokens, rel=1e-5)
 
 
-def test_plain_and_wrapped_loss_paths_agree():
+@pytest.mark.parametrize("kind", ["translation", "language model"])
+def test_plain_and_wrapped_loss_paths_agree(kind):
     """model.loss (fused output layer + loss) and the forward + cross entropy path used under
-    DistributedDataParallel give the same value."""
-    task, _, model = toy_translation()
+    DistributedDataParallel give the same value and the same gradients."""
+    if kind == "translation":
+        task, _, model = toy_translation()
+    else:
+        tokenizer = CharTokenizer.train([text for pair in PAIRS for text in pair])
+        ids = torch.tensor(tokenizer.encode(" ".join(text for pair in PAIRS for text in pair)))
+        task = LanguageModelTask({"train": ids, "validation": ids}, 16, seed=0)
+        config = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=16)
+        torch.manual_seed(0)
+        model = ak.DecoderLM(config.replace(dropout=0.0))
     batch = task.train_batch(0, 0, 4)
 
     class Wrapper(torch.nn.Module):  # like DDP: a forward, no .loss
@@ -117,9 +126,16 @@ def test_plain_and_wrapped_loss_paths_agree():
         def forward(self, *args):
             return self.inner(*args)
 
-    fused, n1 = task.loss(model, batch, smoothing=0.1)
-    plain, n2 = task.loss(Wrapper(model), batch, smoothing=0.1)
-    assert n1 == n2 and float(fused.detach()) == pytest.approx(float(plain.detach()), rel=1e-5)
+    grads = []
+    for wrapped in (model, Wrapper(model)):
+        loss, count = task.loss(wrapped, batch, smoothing=0.1)
+        model.zero_grad()
+        loss.backward()
+        grads.append((float(loss.detach()), count, [p.grad.clone() for p in model.parameters()]))
+    (fused, n1, g1), (plain, n2, g2) = grads
+    assert n1 == n2 and fused == pytest.approx(plain, rel=1e-5)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def test_translation_batches_are_a_pure_function_of_epoch_and_index():

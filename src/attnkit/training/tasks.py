@@ -184,12 +184,18 @@ class LanguageModelTask(Task):
         return {"input_ids": x, "labels": y}
 
     def loss(self, model: nn.Module, batch: Batch, *, smoothing: float = 0.0) -> tuple[Tensor, int]:
-        logits = model(batch["input_ids"])  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        loss = label_smoothed_cross_entropy(
-            logits, labels, smoothing=smoothing, ignore_index=self.pad_id
-        )
-        return loss, int((labels != self.pad_id).sum())
+        count = int((labels != self.pad_id).sum())
+        if hasattr(model, "loss"):  # the model itself (or FSDP's): LM head and loss in one pass
+            loss = model.loss(
+                batch["input_ids"], labels, ignore_index=self.pad_id, smoothing=smoothing
+            )
+        else:  # a DistributedDataParallel wrapper: its forward must run (gradient sync)
+            logits = model(batch["input_ids"])  # (B, T, V)
+            loss = label_smoothed_cross_entropy(
+                logits, labels, smoothing=smoothing, ignore_index=self.pad_id
+            )
+        return loss, count
 
     def _eval_batches(self, split: str, batch_size: int, max_batches: int | None):
         if split not in self.blocks:
