@@ -782,7 +782,9 @@ def _add_training_commands(commands) -> None:
             "  attnkit train examples/people-daily-char.toml --quiet\n"
             "  attnkit train examples/de-en.toml          # translation, BLEU\n"
             "  attnkit train examples/reviews-zh.toml     # classification, accuracy\n"
-            "  attnkit train examples/shakespeare-char.toml --nproc 2"
+            "  attnkit train examples/shakespeare-char.toml --nproc 2\n"
+            "  attnkit train examples/shakespeare-char.toml --nproc 2 --strategy fsdp "
+            "--set train.accumulate=2"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -1174,7 +1176,8 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  attnkit generate runs/shakespeare-char/checkpoint 'ROMEO:'\n"
             "  attnkit generate --checkpoint DIR 'To be' --greedy --max-new-tokens 50\n"
-            "  attnkit generate --model model.gguf 'The capital of France is' --greedy"
+            "  attnkit generate --model model.gguf 'The capital of France is' --greedy\n"
+            "  attnkit generate DIR 'ROMEO:' --max-new-tokens 2000 --compile"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
