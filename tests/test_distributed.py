@@ -242,6 +242,23 @@ def test_fsdp_matches_one_process_and_resumes_across_world_sizes(single_run, tmp
     compare(half, fsdp, "FSDP 2 -> 1 resume")
 
 
+def test_mixture_of_experts_trains_under_both_strategies(tmp_path):
+    # Top-1 of 4 experts on 3-4 rows per rank: some experts get no token on one rank and some on
+    # the other. Both strategies need every rank to have the same gradients to reduce (FSDP's
+    # reduce-scatter would stop with a size mismatch): in training every expert runs, on no
+    # rows if none chose it. The runs follow one process (routing near a tie can flip with
+    # rounding, hence a looser bound than the dense model's).
+    moe = tiny(8, **{"model.n_experts": 4, "model.moe_top_k": 1})
+    single = tmp_path / "single"
+    assert main(["train", SHAKESPEARE, "--out", str(single), "--quiet", *moe]) == 0
+    for strategy in ("ddp", "fsdp"):
+        run = tmp_path / strategy
+        torchrun(SHAKESPEARE, "--out", str(run), "--quiet", "--strategy", strategy, *moe)
+        one, two = train_losses(single), train_losses(run)
+        assert sorted(two) == list(range(1, 9))
+        assert max(abs(one[s] - two[s]) for s in one) < 1e-3, strategy
+
+
 def test_a_dead_rank_stops_the_job(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

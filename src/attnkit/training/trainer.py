@@ -280,11 +280,9 @@ class Trainer:
             for param in self.model.parameters():
                 param.requires_grad_(False)
             return shard_model(model)
-        # MoE experts a batch does not route to get no gradient; DDP must be told.
-        unused = bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=device_ids, find_unused_parameters=unused
-        )
+        # Every parameter gets a gradient each step (in training, even a mixture-of-experts
+        # expert that no token chose runs, on no rows), so DDP need not look for unused ones.
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     def _barrier(self) -> None:
         if self.dist.enabled:
