@@ -228,6 +228,10 @@ def test_fsdp_matches_one_process_and_resumes_across_world_sizes(single_run, tmp
     moment_gap = max(float((a[k] - b[k]).abs().max()) for k in a if not k.endswith(".step"))
     print(f"optimizer state: max difference {moment_gap:.2e}")
     assert moment_gap < TOL
+    meta = [
+        json.loads((run / "checkpoint" / "optimizer.json").read_text()) for run in (fsdp, single)
+    ]
+    assert meta[0] == meta[1]  # the same parameter numbering and groups
 
     # The 1-process checkpoint of step 10 resumed under FSDP (weights and moments sharded).
     grown = tmp_path / "single-then-fsdp"
