@@ -1197,7 +1197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="run each decoding step through torch.compile: faster per token, after a one-off "
-        "compile of 10-20 s (on a CPU it needs a C++ compiler); worth it for long outputs",
+        "compile of about 10 s (on a CPU it needs a C++ compiler); worth it for long outputs",
     )
     generate.set_defaults(handler=_cmd_generate)
 
