@@ -471,6 +471,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         return _run_trainer(args, trainer, recipe, model, task, tokenizer, out)
     finally:
+        del trainer, model  # a sharded model goes before its process group does
         cleanup()
 
 

@@ -27,6 +27,7 @@ exact. Clipping comes after, so it sees the global gradient, the same on every r
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -103,8 +104,16 @@ def init_distributed() -> DistEnv:
 
 
 def cleanup() -> None:
-    """Leave the process group, if this process joined one."""
+    """Leave the process group, if this process joined one: after a barrier, so that no rank
+    tears its connections down while another still works (rank 0 plots and prints after the
+    last collective); a rank that died makes the barrier fail at once, and then the others just
+    leave (torchrun is stopping the job anyway)."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # sharded modules and their communication state go first
+        try:
+            dist.barrier()
+        except RuntimeError:
+            pass
         dist.destroy_process_group()
 
 
