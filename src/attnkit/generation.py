@@ -97,12 +97,14 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_samp
 
 
 def _lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
-    """One cached step of a DecoderLM: the logits (B, V) that follow ``tokens`` (B, 1)."""
+    """A DecoderLM's logits (B, V) for the position after ``tokens`` (B, N): with a ``cache``,
+    the new positions only; without one, the whole sequence."""
     return model.lm_head(model.hidden_states(tokens, mask, cache)[0][:, -1])
 
 
 def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
-    """One cached step of a Transformer's decoder: the logits (B, V) that follow ``tokens``."""
+    """A Transformer decoder's logits (B, V) for the position after ``tokens`` (with or
+    without a ``cache``, as :func:`_lm_step`)."""
     return model.decode(tokens, memory, src_mask, cache=cache)[:, -1]
 
 
@@ -137,7 +139,7 @@ class _DecoderLMStepper:
     ``hidden_states`` (the ids are the model's own) and the LM head on the last position only.
     Generation runs inside ``decoding_weights``: every linear layer's weight, the LM head's
     included, is laid out as (in, out) rows in memory, which a single row's product streams
-    faster than (out, in). The cached and the uncached path share the head.
+    faster than (out, in). The prompt, the cached and the uncached steps all go through :func:`_lm_step`.
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
@@ -158,11 +160,8 @@ class _DecoderLMStepper:
             else None
         )
 
-    def _logits(self, hidden: Tensor) -> Tensor:
-        return self.model.lm_head(hidden[:, -1])  # (B, V)
-
     def start(self) -> Tensor:
-        return self._logits(self.model.hidden_states(self.ids, self.mask, self.cache)[0])
+        return _lm_step(self.model, self.ids, self.mask, self.cache)
 
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
@@ -171,7 +170,7 @@ class _DecoderLMStepper:
         if self.use_cache:
             return self.cached_step(self.model, tokens, self.mask, self.cache)
         self.ids = torch.cat([self.ids, tokens], dim=1)
-        return self._logits(self.model.hidden_states(self.ids, self.mask)[0])
+        return _lm_step(self.model, self.ids, self.mask, None)
 
     def reorder(self, index: Tensor) -> None:
         self.ids = self.ids.index_select(0, index)
@@ -205,14 +204,14 @@ class _TransformerStepper:
         )
 
     def start(self) -> Tensor:
-        return self.model.decode(self.tgt, self.memory, self.src_mask, cache=self.cache)[:, -1]
+        return _seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, self.cache)
 
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
         self.tgt = torch.cat([self.tgt, tokens], dim=1)
         if self.use_cache:
             return self.cached_step(self.model, tokens, self.memory, self.src_mask, self.cache)
-        return self.model.decode(self.tgt, self.memory, self.src_mask)[:, -1]
+        return _seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, None)
 
     def reorder(self, index: Tensor) -> None:
         self.tgt = self.tgt.index_select(0, index)
