@@ -139,7 +139,8 @@ class _DecoderLMStepper:
     ``hidden_states`` (the ids are the model's own) and the LM head on the last position only.
     Generation runs inside ``decoding_weights``: every linear layer's weight, the LM head's
     included, is laid out as (in, out) rows in memory, which a single row's product streams
-    faster than (out, in). The prompt, the cached and the uncached steps all go through :func:`_lm_step`.
+    faster than (out, in). The prompt, the cached and the uncached steps all go through
+    :func:`_lm_step`.
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
