@@ -2,11 +2,17 @@
 the operators' own (self) CPU time summed into a few categories.
 
     python bench/profile_steps.py [--threads 1] [--steps 3] [--tokens 64] [--loss fused|logits]
-                            [--adamw fused|foreach|loop] [--json out.json]
+                            [--adamw fused|foreach|loop] [--json out.json] [--no-compile]
 
 ``--loss logits --adamw loop`` is the training step as attnkit ran it before issue 10 (the
 model's logits and F.cross_entropy, AdamW's per-parameter loop). To profile the code as it was,
 run this file with ``PYTHONPATH`` pointing at an older ``src`` (see bench/README.md).
+
+The decoding step is profiled eager and with ``generate(..., compile=True)``. In the compiled
+step Inductor's own kernels are named ``graph_N_cpp_fused_...`` (elementwise work) and
+``graph_N_gemm_...`` (its matrix kernels); they are profiled by turning on Inductor's
+``cpp.enable_kernel_profile``. Dynamo's guard checks ("TorchDynamo Cache Lookup") and the
+compiled graph's Python wrapper ("Call CompiledFxGraph", self time) get categories of their own.
 
 On a shared machine, read small operators with care: with 2 threads, an OpenMP barrier that
 waits for a descheduled thread makes a 1,000-element GELU or a one-query attention take
@@ -28,7 +34,10 @@ from torch.profiler import ProfilerActivity, profile
 import attnkit as ak
 
 CATEGORIES = [  # (category, substrings of operator names), first match wins
-    ("matrix products", ("::mm", "addmm", "bmm", "_linear_pointwise", "::matmul")),
+    ("Inductor's fused elementwise kernels", ("_cpp_fused_",)),
+    ("matrix products", ("::mm", "addmm", "bmm", "_linear_pointwise", "::matmul", "_gemm_")),
+    ("guard checks (Dynamo)", ("TorchDynamo Cache Lookup",)),
+    ("compiled graph's Python wrapper", ("Call CompiledFxGraph",)),
     ("attention kernel", ("scaled_dot_product",)),
     (
         "softmax / cross-entropy",
@@ -60,6 +69,9 @@ CATEGORIES = [  # (category, substrings of operator names), first match wins
 ]
 
 
+PROFILED = ("aten::", "mkldnn::", "graph_", "TorchDynamo Cache Lookup", "## Call CompiledFxGraph")
+
+
 def category(event) -> str:
     parent = event
     while parent is not None:
@@ -77,7 +89,7 @@ def summarise(prof, wall_s: float, units: int) -> dict:
     accounts for (Python, dispatch, waiting)."""
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():
-        if event.device_type.name != "CPU" or not event.name.startswith(("aten::", "mkldnn::")):
+        if event.device_type.name != "CPU" or not event.name.startswith(PROFILED):
             continue
         totals[category(event)] += event.self_cpu_time_total / 1000.0
     per_unit = {k: v / units for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
@@ -118,21 +130,21 @@ def training_profile(steps: int, loss_kind: str, adamw: str) -> dict:
     return {"unprofiled_ms": plain_ms, **summarise(prof, wall, steps)}
 
 
-def decode_profile(tokens: int) -> dict:
+def decode_profile(tokens: int, compile: bool = False) -> dict:
     cfg = ak.ModelConfig.preset("lm-small", max_len=512, eos_id=None, bos_id=None)
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg).eval()
     prompt = torch.randint(0, 8192, (1, 32), generator=torch.Generator().manual_seed(0))
-    model.generate(prompt, tokens)  # warm-up
+    model.generate(prompt, tokens, compile=compile)  # warm-up (and compile)
     start = time.perf_counter()
-    model.generate(prompt, 1)  # the prompt alone, to subtract
+    model.generate(prompt, 1, compile=compile)  # the prompt alone, to subtract
     prompt_s = time.perf_counter() - start
     start = time.perf_counter()
-    model.generate(prompt, tokens + 1)
+    model.generate(prompt, tokens + 1, compile=compile)
     plain_ms = (time.perf_counter() - start - prompt_s) * 1000.0 / tokens
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        model.generate(prompt, tokens + 1)
+        model.generate(prompt, tokens + 1, compile=compile)
         wall = time.perf_counter() - start
     # the prompt's forward is inside the profile too; with 64+ tokens it is a few percent
     result = {"unprofiled_ms": plain_ms, **summarise(prof, wall - prompt_s, tokens)}
@@ -157,10 +169,15 @@ def main() -> None:
     parser.add_argument("--loss", choices=("fused", "logits"), default="fused")
     parser.add_argument("--adamw", choices=("fused", "foreach", "loop"), default="fused")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/profile.json"))
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out the compile=True decoding step"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch._inductor.config.cpp.enable_kernel_profile = True  # name Inductor's kernels
     train = training_profile(args.steps, args.loss, args.adamw)
     decode = decode_profile(args.tokens)
+    compiled = None if args.no_compile else decode_profile(args.tokens, compile=True)
     print(f"torch.profiler, {args.threads} thread(s); self CPU time of the operators")
     print_table(
         f"lm-small training step (batch 8 x 256, loss {args.loss}, AdamW {args.adamw})",
@@ -168,10 +185,12 @@ def main() -> None:
         "step",
     )
     print_table("lm-small greedy decoding step (batch 1, KV cache)", decode, "token")
+    if compiled is not None:
+        print_table("the same with compile=True", compiled, "token")
+    figures = {"threads": args.threads, "training": train, "decode": decode}
+    figures["decode_compiled"] = compiled
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"threads": args.threads, "training": train, "decode": decode}, indent=2)
-    )
+    args.json.write_text(json.dumps(figures, indent=2))
     print(f"\nwrote {args.json}")
 
 

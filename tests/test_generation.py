@@ -258,7 +258,8 @@ def test_compiled_decoding_gives_the_same_tokens():
     # compile=True runs each cached step through torch.compile: the tokens must not change,
     # for both families, greedy, sampling, beam search and left-padded prompts; a second call
     # reuses the compiled code, and another model gets its own (a stale reuse would change
-    # its tokens).
+    # its tokens). On a CPU the weights are constants of the compiled step, so after they
+    # change (in place, or a parameter replaced) the step must be compiled again.
     from torch._dynamo.utils import counters
 
     compiled_frames = counters["frames"]["ok"]
@@ -270,6 +271,14 @@ def test_compiled_decoding_gives_the_same_tokens():
             eager = model.generate(prompts, 10, attention_mask=mask, **options)
             compiled = model.generate(prompts, 10, attention_mask=mask, compile=True, **options)
             assert torch.equal(eager, compiled), options
+    lm.load_state_dict(other.state_dict())  # in place: lm now computes what other does
+    expected = other.generate(prompts, 10, attention_mask=mask)
+    assert torch.equal(lm.generate(prompts, 10, attention_mask=mask, compile=True), expected)
+    with torch.no_grad():  # a replaced parameter (same values, new tensor), then new values
+        lm.lm_head.weight = torch.nn.Parameter(lm.lm_head.weight.flip(0))
+        lm.embeddings.tokens.weight = lm.lm_head.weight  # keep the tying
+    expected = lm.generate(prompts, 10, attention_mask=mask)
+    assert torch.equal(lm.generate(prompts, 10, attention_mask=mask, compile=True), expected)
     mt = make("encoder-decoder", "sinusoidal")
     sources = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
     for options in ({}, {"num_beams": 3}):
