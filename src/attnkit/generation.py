@@ -35,6 +35,9 @@ was compiled (trained, loaded, replaced, moved), it drops the compiled code
 (``torch.compiler.reset()``, which also drops other ``torch.compile`` caches of the process) and
 compiles again. A change made through ``tensor.data`` (``p.data = x``, ``p.data.copy_(x)``)
 bypasses the version counter this check reads; call ``torch.compiler.reset()`` after one.
+Each model (and each kind of input: with or without a padding mask) gets compiled code of its
+own, and Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` (8) versions of a step:
+past that, in a process that generates from many models, the steps run eagerly (Dynamo warns).
 """
 
 from __future__ import annotations
