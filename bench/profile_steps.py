@@ -187,8 +187,7 @@ def main() -> None:
     print_table("lm-small greedy decoding step (batch 1, KV cache)", decode, "token")
     if compiled is not None:
         print_table("the same with compile=True", compiled, "token")
-    figures = {"threads": args.threads, "training": train, "decode": decode}
-    figures["decode_compiled"] = compiled
+    figures = {"threads": args.threads, "training": train, "decode": decode, "compiled": compiled}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2))
     print(f"\nwrote {args.json}")
