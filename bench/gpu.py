@@ -21,12 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
-from attnkit.efficient import (
-    linear_attention,
-    linear_attention_weights,
-    sliding_window_attention,
-    window_mask,
-)
+from attnkit.backends import linear_attention, linear_attention_weights, sliding_window_attention
+from attnkit.masks import window_mask
 
 DEVICE = "cuda"
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
-from attnkit.efficient import onednn_linear
+from attnkit import accel
 from training import SEED, Candidate, lm_batch, make_optimizer, measure
 
 
@@ -43,10 +43,12 @@ def variant(
     inputs, targets = lm_batch()
     torch.manual_seed(SEED)
     model = ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train()
+    if fused_loss:
+        accel.fuse_lm_loss(model)
     optimizer = make_optimizer(model, adamw)
 
     def loss_of():
-        if fused_loss:
+        if fused_loss:  # accel.fuse_lm_loss: the LM head and its loss in one chunked pass
             return model.loss(inputs, targets)
         return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
 
@@ -55,7 +57,8 @@ def variant(
 
     def step() -> float:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(onednn_linear(onednn))
+            if onednn:
+                stack.enter_context(accel.onednn_products())
             if precision == "bf16":
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             loss = loss_of()

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import attnkit as ak
+from attnkit import accel
 
 CATEGORIES = [  # (category, substrings of operator names), first match wins
     ("Inductor's fused elementwise kernels", ("_cpp_fused_",)),
@@ -103,15 +104,16 @@ def training_profile(steps: int, loss_kind: str, adamw: str) -> dict:
     ids = torch.randint(0, 8192, (8, 257), generator=g)
     inputs, targets = ids[:, :-1], ids[:, 1:]
     torch.manual_seed(0)
-    model = ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train()
+    model = accel.apply(ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train())
     options = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **options[adamw])
 
     def step():
-        if loss_kind == "fused":
-            loss = model.loss(inputs, targets)
-        else:
-            loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        with accel.onednn_products():  # as the trainer runs a step
+            if loss_kind == "fused":
+                loss = model.loss(inputs, targets)
+            else:
+                loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -52,7 +52,8 @@ from torch import Tensor, nn
 from x_transformers import Decoder, TransformerWrapper
 
 import attnkit as ak
-from attnkit.efficient import onednn_linear_available
+from attnkit import accel
+from attnkit.accel import onednn_linear_available
 from attnkit.interop import gpt2_to_hf
 
 transformers.logging.set_verbosity_error()
@@ -221,15 +222,26 @@ def lm_batch() -> tuple[Tensor, Tensor]:
     return ids[:, :-1], ids[:, 1:]  # inputs, next-token targets
 
 
+def with_levers(loss_of: Callable[[], Tensor]) -> Callable[[], Tensor]:
+    """attnkit's forward (and loss) with the speed levers the trainer applies to a step
+    (``attnkit.accel.onednn_products``); the references run as they are."""
+
+    def run() -> Tensor:
+        with accel.onednn_products():
+            return loss_of()
+
+    return run
+
+
 def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> dict:
     """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
     and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
     its logits and ``F.cross_entropy``, as the references run."""
-    ours, plain = models["attnkit"], models["attnkit logits"]
+    ours, plain = accel.apply(models["attnkit"]), models["attnkit logits"]
     gpt2, xt = models["HF GPT-2"], models["x-transformers"]
     return {
-        "attnkit": lambda: ours.loss(inputs, targets),
-        "attnkit logits": logits_loss(lambda: plain(inputs), targets),
+        "attnkit": with_levers(lambda: ours.loss(inputs, targets)),
+        "attnkit logits": with_levers(logits_loss(lambda: plain(inputs), targets)),
         "HF GPT-2": logits_loss(lambda: gpt2(inputs).logits, targets),
         "x-transformers": logits_loss(lambda: xt(inputs), targets),
     }
@@ -360,7 +372,7 @@ def mt_batch() -> dict[str, Tensor]:
 
 def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
     """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
-    ours, plain = models["attnkit"], models["attnkit logits"]
+    ours, plain = accel.apply(models["attnkit"]), models["attnkit logits"]
     ref, bart = models["torch.nn.Transformer"], models["HF BART"]
     args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
 
@@ -373,10 +385,12 @@ def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
         ).logits
 
     return {
-        "attnkit": lambda: ours.loss(
-            b["src"], b["tgt_in"], b["targets"], b["src_real"], b["tgt_in_real"], ignore_index=0
+        "attnkit": with_levers(
+            lambda: ours.loss(
+                b["src"], b["tgt_in"], b["targets"], b["src_real"], b["tgt_in_real"], ignore_index=0
+            )
         ),
-        "attnkit logits": logits_loss(lambda: plain(*args), b["targets"], 0),
+        "attnkit logits": with_levers(logits_loss(lambda: plain(*args), b["targets"], 0)),
         "torch.nn.Transformer": logits_loss(lambda: ref(*args), b["targets"], 0),
         "HF BART": logits_loss(bart_logits, b["targets"], 0),
     }

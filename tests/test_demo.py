@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from attnkit.explain.demo import SENTENCE, it_attention, run_demo
+from attnkit.cli.demo import SENTENCE, it_attention, run_demo
 
 
 def test_demo_writes_the_report_and_the_pictures(tmp_path):
@@ -25,7 +25,7 @@ def test_demo_writes_the_report_and_the_pictures(tmp_path):
 
 
 def test_it_attends_to_animal_more_than_to_street_in_the_upper_layers():
-    from attnkit.explain.demo import _minilm
+    from attnkit.cli.demo import _minilm
 
     model, tokenizer = _minilm()
     tokens, attentions, it = it_attention(model, tokenizer, SENTENCE)

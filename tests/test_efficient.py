@@ -8,13 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnkit as ak
-from attnkit.efficient import (
-    linear_attention,
-    linear_attention_weights,
-    sliding_window_attention,
-    window_mask,
-)
+from attnkit.backends import linear_attention, linear_attention_weights, sliding_window_attention
 from attnkit.layers import FeedForward, MoEFeedForward
+from attnkit.masks import window_mask
 
 
 def _qkv(seed, b, h, n, d, dtype=torch.float32):

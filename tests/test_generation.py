@@ -218,9 +218,9 @@ def test_generation_stops_early_when_every_row_has_finished():
 def test_cross_attention_keys_and_values_are_computed_once(monkeypatch):
     model = make("encoder-decoder", n_kv_heads=2)
     calls = []
-    original = ak.MultiHeadAttention._kv
+    original = ak.MultiHeadAttention._project_kv
     monkeypatch.setattr(
-        ak.MultiHeadAttention, "_kv", lambda self, c: calls.append(1) or original(self, c)
+        ak.MultiHeadAttention, "_project_kv", lambda self, c: calls.append(1) or original(self, c)
     )
     model.generate(torch.tensor([[3, 4, 5, 6]]), 10, eos_id=None)
     assert len(calls) == model.cfg.n_layers  # once per layer, not once per step
@@ -288,6 +288,6 @@ def test_compiled_decoding_gives_the_same_tokens():
 
 
 def test_compile_without_a_cxx_compiler_fails_clearly(monkeypatch):
-    monkeypatch.setattr("attnkit.generation.shutil.which", lambda name: None)
+    monkeypatch.setattr("attnkit.accel.compiled.shutil.which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
         make("decoder").generate(torch.tensor([[3, 4]]), 2, compile=True)

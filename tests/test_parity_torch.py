@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import attnkit as ak
-from attnkit.models import Decoder, Encoder
+from attnkit.stacks import Decoder, Encoder
 
 D, H, FF, L = 32, 4, 64, 2
 

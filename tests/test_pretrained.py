@@ -9,7 +9,7 @@ import torch
 import attnkit as ak
 from attnkit.cli import main
 from attnkit.data import CharTokenizer
-from attnkit.interop import atomic_directory
+from attnkit.files import atomic_directory
 
 CFG = ak.ModelConfig.preset("tiny", vocab_size=60, position="rope", n_kv_heads=2)
 

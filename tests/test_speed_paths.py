@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
-from attnkit.efficient import (
-    Linear,
-    decoding_weights,
+from attnkit.accel import (
+    decoding_layout,
+    fuse_lm_loss,
     linear,
     linear_cross_entropy,
     onednn_linear,
     onednn_linear_available,
+    onednn_products,
 )
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="no oneDNN in torch")
@@ -59,7 +60,7 @@ def test_linear_falls_back_to_f_linear_where_onednn_does_not_apply():
 
 @needs_onednn
 def test_linear_keeps_strided_weight_slices_away_from_onednn():
-    """Rows of a transposed in_proj (the cross-attention's q and kv inside decoding_weights) are
+    """Rows of a transposed in_proj (the cross-attention's q and kv inside decoding_layout) are
     neither (out, in) nor (in, out) dense; oneDNN ran them 100-1000x slower, so F.linear does."""
     x = torch.randn(32, 16)
     transposed = torch.randn(48, 16).t().contiguous().t()  # (48, 16), strides (1, 48)
@@ -72,10 +73,18 @@ def test_linear_keeps_strided_weight_slices_away_from_onednn():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_linear_is_an_nn_linear_with_the_same_state_dict():
-    layer = Linear(4, 3)
-    assert isinstance(layer, torch.nn.Linear)
-    assert set(layer.state_dict()) == {"weight", "bias"}
+@needs_onednn
+def test_onednn_products_route_nn_linear_and_weight_slices_from_outside():
+    layer = torch.nn.Linear(16, 12)
+    x = torch.randn(10, 16)
+    assert "OneDNN" not in type(layer(x).grad_fn).__name__  # the model alone: torch's GEMM
+    with onednn_products():
+        out = layer(x)
+        piece = F.linear(x, layer.weight[:5])  # a slice of a weight (cross-attention's W^Q)
+    assert "OneDNN" in type(out.grad_fn).__name__
+    assert "OneDNN" in type(piece.grad_fn).__name__
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert set(layer.state_dict()) == {"weight", "bias"}  # nothing about the module changed
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -103,9 +112,9 @@ def test_linear_cross_entropy_equals_logits_and_cross_entropy(smoothing, ignore,
 
 
 def test_linear_cross_entropy_chunks_bf16_no_grad_and_edge_cases(monkeypatch):
-    import attnkit.efficient as efficient
+    import attnkit.accel.lm_loss as lm_loss
 
-    monkeypatch.setattr(efficient, "_chunk_rows", lambda vocab: 7)  # many uneven chunks
+    monkeypatch.setattr(lm_loss, "_chunk_rows", lambda vocab: 7)  # many uneven chunks
     torch.manual_seed(1)
     hidden, weight = torch.randn(50, 8), torch.randn(40, 8)
     targets = torch.randint(0, 40, (50,))
@@ -131,10 +140,13 @@ def test_linear_cross_entropy_chunks_bf16_no_grad_and_edge_cases(monkeypatch):
         linear_cross_entropy(hidden, weight, targets[:10])
 
 
-def test_decoder_lm_loss_equals_cross_entropy_of_its_logits():
+@pytest.mark.parametrize("fused", [False, True])
+def test_decoder_lm_loss_equals_cross_entropy_of_its_logits(fused):
     cfg = ak.ModelConfig.preset("tiny", vocab_size=97)
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg)
+    if fused:  # the same loss as one chunked pass (attnkit.accel)
+        fuse_lm_loss(model)
     ids = torch.randint(3, 97, (2, 20))
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[1, :4] = False  # left padding
@@ -145,10 +157,13 @@ def test_decoder_lm_loss_equals_cross_entropy_of_its_logits():
         model.loss(ids, targets[:, :5])
 
 
-def test_transformer_loss_equals_cross_entropy_of_its_logits():
+@pytest.mark.parametrize("fused", [False, True])
+def test_transformer_loss_equals_cross_entropy_of_its_logits(fused):
     cfg = ak.ModelConfig.preset("tiny", vocab_size=61, norm="post", position="sinusoidal")
     torch.manual_seed(0)
     model = ak.Transformer(cfg)
+    if fused:  # the same loss as one chunked pass (attnkit.accel)
+        fuse_lm_loss(model)
     src, tgt = torch.randint(3, 61, (3, 9)), torch.randint(3, 61, (3, 7))
     src[0, -2:] = 0
     tgt[1, -3:] = 0
@@ -165,7 +180,7 @@ def test_transformer_loss_equals_cross_entropy_of_its_logits():
     )
 
 
-def test_decoding_weights_change_the_layout_not_the_values_and_restore_it():
+def test_decoding_layout_change_the_layout_not_the_values_and_restore_it():
     cfg = ak.ModelConfig.preset("tiny", eos_id=None)
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg).eval()
@@ -173,7 +188,7 @@ def test_decoding_weights_change_the_layout_not_the_values_and_restore_it():
     x = torch.randn(1, 1, cfg.d_model)
     head = model.lm_head
     expected = head(x)
-    with decoding_weights(model):
+    with decoding_layout(model):
         assert head.weight.shape == (cfg.vocab_size, cfg.d_model)
         assert head.weight.stride() == (1, cfg.vocab_size)  # (in, out) rows in memory
         assert head.weight is model.embeddings.tokens.weight  # still tied

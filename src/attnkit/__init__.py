@@ -1,26 +1,16 @@
 """attnkit: the Transformer, whole and open to inspection.
 
-The public API is listed in ``__all__``; see ../shared/DESIGN.md for the contract.
+The public API is listed in ``__all__``; docs/ARCHITECTURE.md maps the package: the layers, the
+arrows between them, where each concept lives and where the speed levers plug in.
 """
 
-from attnkit.attention import (
-    KVCache,
-    MultiHeadAttention,
-    causal_mask,
-    padding_mask,
-    scaled_dot_product_attention,
-)
+from attnkit.attention import MultiHeadAttention, scaled_dot_product_attention
+from attnkit.caches import KVCache
 from attnkit.config import ModelConfig
 from attnkit.interop.pretrained import from_pretrained
 from attnkit.layers import DecoderLayer, EncoderLayer, FeedForward, count_parameters
-from attnkit.models import (
-    DecoderCache,
-    DecoderLM,
-    EncoderClassifier,
-    EncoderModel,
-    Transformer,
-    shift_right,
-)
+from attnkit.masks import causal_mask, padding_mask
+from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer, shift_right
 from attnkit.position import (
     ALiBi,
     LearnedPositions,
@@ -30,6 +20,7 @@ from attnkit.position import (
     positions_from_mask,
     sinusoidal_table,
 )
+from attnkit.stacks import DecoderCache
 
 __version__ = "0.1.0"
 

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnkit import checks
+
 __all__ = ["PRESETS", "ModelConfig"]
 
 NORMS = ("post", "pre")
@@ -75,7 +77,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-            _positive_int(name, getattr(self, name))
+            checks.positive_int(f"ModelConfig.{name}", getattr(self, name))
         for name, choices in (
             ("norm", NORMS),
             ("norm_type", NORM_TYPES),
@@ -84,13 +86,9 @@ class ModelConfig:
             ("gelu_approximation", GELU_APPROXIMATIONS),
             ("attention", ATTENTIONS),
         ):
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(f"ModelConfig.{name} must be one of {choices}, got {value!r}")
+            checks.one_of(f"ModelConfig.{name}", getattr(self, name), choices)
         for name in ("dropout", "attention_dropout", "label_smoothing"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a number in [0, 1), got {value!r}")
+            checks.number_in(f"ModelConfig.{name}", getattr(self, name), 0.0, 1.0)
         if not isinstance(self.norm_eps, int | float) or not self.norm_eps > 0:
             raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}")
         if self.d_model % self.n_heads:
@@ -98,7 +96,7 @@ class ModelConfig:
                 f"ModelConfig: n_heads={self.n_heads} must divide d_model={self.d_model}"
             )
         if self.n_kv_heads is not None:
-            _positive_int("n_kv_heads", self.n_kv_heads)
+            checks.positive_int("ModelConfig.n_kv_heads", self.n_kv_heads)
             if self.n_heads % self.n_kv_heads:
                 raise ValueError(
                     f"ModelConfig: n_heads={self.n_heads} must be a multiple of "
@@ -134,13 +132,13 @@ class ModelConfig:
         if self.attention == "window":
             if self.window is None:
                 raise ValueError("ModelConfig: attention='window' needs window=<int >= 1>")
-            _positive_int("window", self.window)
+            checks.positive_int("ModelConfig.window", self.window)
         if self.attention == "linear" and self.position == "alibi":
             raise ValueError("ModelConfig: ALiBi cannot be combined with linear attention")
         if not isinstance(self.n_experts, int) or self.n_experts < 0:
             raise ValueError(f"ModelConfig.n_experts must be an int >= 0, got {self.n_experts!r}")
         if self.n_experts:
-            _positive_int("moe_top_k", self.moe_top_k)
+            checks.positive_int("ModelConfig.moe_top_k", self.moe_top_k)
             if self.moe_top_k > self.n_experts:
                 raise ValueError(
                     f"ModelConfig: moe_top_k={self.moe_top_k} exceeds n_experts={self.n_experts}"
@@ -186,11 +184,6 @@ class ModelConfig:
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
         return cls.from_dict(json.loads(text))
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
 
 
 def _check_fields(values: dict[str, Any], where: str) -> None:

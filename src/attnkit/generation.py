@@ -20,32 +20,14 @@ values favour longer outputs further. Hugging Face's formula is the same, but fo
 models its ``length`` includes the prompt; attnkit's never does.
 
 ``compile=True`` runs each cached step (one position per sequence through every layer and the
-output layer) as one ``torch.compile``d function (Inductor, dynamic shapes, so the growing
-cache does not recompile): the same operations, with the elementwise ones fused and no Python
-between them. On a CPU the weights become constants of the compiled step (Inductor's
-*freezing*), which lets Inductor pack each weight matrix for its own C++ matrix kernel and
-keep that kernel where it measures faster than torch's (``max_autotune``): a one-row product
-then runs several times faster than through torch's GEMM. The first call for a model compiles
-(10-20 s on 2 CPU cores, up to 40 s with Inductor's disk cache cold; on a CPU it needs a C++
-compiler); later calls reuse it. The tokens are the same as without it (tested).
-
-Because the compiled step holds its own packed copy of the weights, ``generate`` checks the
-weights on every ``compile=True`` call: if any parameter or buffer was changed since the step
-was compiled (trained, loaded, replaced, moved), it drops the compiled code
-(``torch.compiler.reset()``, which also drops other ``torch.compile`` caches of the process) and
-compiles again. A change made through ``tensor.data`` (``p.data = x``, ``p.data.copy_(x)``)
-bypasses the version counter this check reads; call ``torch.compiler.reset()`` after one.
-Each model (and each kind of input: with or without a padding mask) gets compiled code of its
-own, and Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` (8) versions of a step:
-past that, in a process that generates from many models, the steps run eagerly (Dynamo warns).
+output layer) through ``torch.compile`` with the weights frozen into it
+(:mod:`attnkit.accel.compiled`): the same tokens as without it (tested), faster per step after a
+one-off compile. Without it, eager decoding lays each linear layer's weight out for one-row
+products (:func:`attnkit.accel.decoding_layout`).
 """
 
 from __future__ import annotations
 
-import itertools
-import shutil
-import warnings
-import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnkit.efficient import decoding_weights
+from attnkit import checks
+from attnkit.accel import compiled_step, decoding_layout, frozen_weights
 
 __all__ = ["BeamHypothesis", "beam_search", "generate", "sample_next"]
 
@@ -90,20 +73,14 @@ def sample_next(
 
 
 def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample):
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 1
-    ):
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    checks.positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(temperature, int | float) or not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (not checks.is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, int | float) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive int, got {num_beams!r}")
+    checks.positive_int("num_beams", num_beams)
     if num_beams > 1 and do_sample:
         raise ValueError("num_beams > 1 is beam search; it cannot be combined with do_sample=True")
 
@@ -125,96 +102,19 @@ def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None
     return model.decode(tokens, memory, src_mask, cache=cache)[:, -1]
 
 
-_COMPILED: dict[tuple[Callable, str], Callable] = {}
-
-
-def _guard_filter(entries) -> list[bool]:
-    """Which of Dynamo's per-call checks to keep: none on the attributes of torch.nn's own
-    modules (Linear, LayerNorm, ...), which never change during generation; every other one,
-    and the identity check of each weight that is a compiled constant (another model, or a
-    replaced weight, gets its own compiled code)."""
-    return [
-        entry.guard_type == "ID_MATCH"
-        or not entry.orig_guard.source.is_unspecialized_builtin_nn_module()
-        for entry in entries
-    ]
-
-
-def _compiled(step: Callable, device: torch.device) -> Callable:
-    """``torch.compile(step, dynamic=True)``, made once per process and device type (Dynamo
-    keeps the compiled code per model and per kind of input, so later ``generate`` calls reuse
-    it)."""
-    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        raise RuntimeError(
-            "compile=True: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
-            "and none is on PATH; install one (apt-get install g++) or leave compile off"
-        )
-    key = (step, device.type)
-    if key not in _COMPILED:
-        options = {"guard_filter_fn": _guard_filter}
-        if device.type == "cpu":
-            # The weights as constants (see _frozen_weights), packed for Inductor's C++ matrix
-            # kernel where autotuning measures it faster than torch's GEMM (ATen).
-            options |= {
-                "freezing": True,
-                "max_autotune": True,
-                "max_autotune_gemm_backends": "CPP,ATEN",
-                "autotune_num_choices_displayed": 0,  # no timing tables on stderr
-                "max_autotune_report_choices_stats": False,
-            }
-        _COMPILED[key] = torch.compile(step, dynamic=True, options=options)
-    return _COMPILED[key]
-
-
-# The weights each model's compiled steps were made with (see _weights_state).
-_COMPILED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _weights_state(model) -> tuple:
-    """What identifies a model's current weights: each parameter's and buffer's identity,
-    version counter (every in-place change bumps it), dtype, device, shape and strides. Not
-    its storage: eager generation re-lays the weights out (``decoding_weights``) without
-    changing a value."""
-    return tuple(
-        (id(t), t._version, t.dtype, t.device, t.shape, t.stride())
-        for t in itertools.chain(model.parameters(), model.buffers())
-    )
-
-
-@contextmanager
-def _frozen_weights(model):
-    """Compile the steps of this block with the weights as constants (CPU ``compile=True``).
-
-    Dynamo reads Inductor's ``freezing`` flag while it traces (to make the weights graph
-    constants), so the flag is set for the whole block, not only in the compile options. If
-    the model's weights changed since its steps were compiled, the stale code is dropped first.
-    """
-    state = _weights_state(model)
-    if _COMPILED_WEIGHTS.get(model, state) != state:
-        torch.compiler.reset()  # Dynamo's caches, every model's compiled steps among them
-        _COMPILED_WEIGHTS.clear()
-    _COMPILED_WEIGHTS[model] = state
-    with torch._inductor.config.patch(freezing=True), warnings.catch_warnings():
-        # Inductor's autotuner calls a storage API that torch itself deprecates.
-        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
-        yield
-
-
 class _DecoderLMStepper:
     """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
 
     The prompt goes through the checks of ``forward``; each later step goes through the lean
     ``hidden_states`` (the ids are the model's own) and the LM head on the last position only.
-    Eager generation runs inside ``decoding_weights``: every linear layer's weight, the LM
-    head's included, is laid out as (in, out) rows in memory, which a single row's product
-    streams faster than (out, in). The prompt, the cached and the uncached steps all go through
+    The prompt, the cached and the uncached steps all go through
     :func:`_lm_step`.
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
         self.model, self.use_cache = model, use_cache
         self.device = input_ids.device
-        self.cached_step = _compiled(_lm_step, self.device) if compile else _lm_step
+        self.cached_step = compiled_step(_lm_step, self.device) if compile else _lm_step
         self.ids = input_ids
         self.mask = model.check_inputs(input_ids, attention_mask)
         dtype = next(model.parameters()).dtype
@@ -255,7 +155,7 @@ class _TransformerStepper:
     def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache, compile):
         self.model, self.use_cache = model, use_cache
         self.device = src_ids.device
-        self.cached_step = _compiled(_seq2seq_step, self.device) if compile else _seq2seq_step
+        self.cached_step = compiled_step(_seq2seq_step, self.device) if compile else _seq2seq_step
         self.src_mask = src_mask
         self.memory = model.encode(src_ids, src_mask)  # (B, S, D), computed once
         b = src_ids.shape[0]
@@ -424,13 +324,13 @@ def _beam_search(stepper, batch, k, max_new_tokens, eos_id, length_penalty, on_f
 @contextmanager
 def _eval_mode(model, compile_on_cpu: bool = False):
     """Dropout off while generating; mode and layout are restored afterwards. Eager decoding
-    lays each linear layer's weight out transposed in memory for the one-row products of the
-    decoding steps (:func:`attnkit.efficient.decoding_weights`); a step compiled on a CPU packs
-    its own copy instead (:func:`_frozen_weights`)."""
+    lays each linear layer's weight out for the one-row products of the decoding steps
+    (:func:`attnkit.accel.decoding_layout`); a step compiled on a CPU packs its own copy
+    instead (:func:`attnkit.accel.frozen_weights`)."""
     was_training = model.training
     model.eval()
     try:
-        with _frozen_weights(model) if compile_on_cpu else decoding_weights(model):
+        with frozen_weights(model) if compile_on_cpu else decoding_layout(model):
             yield
     finally:
         model.train(was_training)
@@ -501,7 +401,7 @@ def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
 
 
 def _compile_on_cpu(input_ids: Tensor, use_cache: bool, compile: bool) -> bool:
-    """Whether the cached steps are compiled with the weights frozen (see _frozen_weights)."""
+    """Whether the cached steps are compiled with the weights frozen (``frozen_weights``)."""
     return compile and use_cache and input_ids.device.type == "cpu"
 
 

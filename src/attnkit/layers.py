@@ -18,15 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.attention import KVCache, MultiHeadAttention
+from attnkit.attention import MultiHeadAttention
 from attnkit.config import ModelConfig
-from attnkit.efficient import Linear
 from attnkit.position import ALiBi, RotaryEmbedding
 
 __all__ = [
     "DecoderLayer",
     "EncoderLayer",
     "FeedForward",
+    "LMHead",
     "MoEFeedForward",
     "count_parameters",
     "make_norm",
@@ -60,9 +60,9 @@ class FeedForward(nn.Module):
             )
         self.activation = activation
         self.gelu_approximation = gelu_approximation
-        self.up = Linear(d_model, d_ff, bias=bias)
-        self.gate = Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
-        self.down = Linear(d_ff, d_model, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
@@ -159,35 +159,19 @@ def _ffn(cfg: ModelConfig) -> nn.Module:
     return MoEFeedForward(cfg) if cfg.n_experts else _dense_ffn(cfg)
 
 
-class _Sublayers(nn.Module):
-    """Residual + norm around each sublayer, in the order the config asks for."""
+def _attend(attention: MultiHeadAttention, h: Tensor, return_weights: bool, **kwargs):
+    """(output, weights or None) from a MultiHeadAttention call."""
+    out = attention(h, return_weights=return_weights, **kwargs)
+    return out if return_weights else (out, None)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention -> Add & Norm -> FFN -> Add & Norm (or the Pre-LN order)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def residual(self, x: Tensor, norm: nn.Module, sublayer) -> tuple[Tensor, Tensor | None]:
-        """Post-LN: ``LN(x + Dropout(Sublayer(x)))``; Pre-LN: ``x + Dropout(Sublayer(LN(x)))``.
-
-        ``sublayer`` returns (output, attention weights or None).
-        """
-        if self.pre_norm:
-            out, weights = sublayer(norm(x))
-            return x + self._dropout(out), weights
-        out, weights = sublayer(x)
-        return norm(x + self._dropout(out)), weights
-
-    def _dropout(self, x: Tensor) -> Tensor:
-        """The residual dropout; no call at all when it would do nothing (evaluation, p = 0)."""
-        return self.dropout(x) if self.training and self.dropout.p > 0 else x
-
-
-class EncoderLayer(_Sublayers):
-    """Self-attention -> Add & Norm -> FFN -> Add & Norm (or Pre-LN order)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)  # on each sublayer's output (section 5.4)
         self.self_attn = _attention(cfg)
         self.norm1 = make_norm(cfg)
         self.ffn = _ffn(cfg)
@@ -205,24 +189,28 @@ class EncoderLayer(_Sublayers):
 
         Returns (x, self-attention weights (B, H, N, N) or None).
         """
-
-        def attend(h):
-            out = self.self_attn(h, mask=mask, positions=positions, return_weights=return_weights)
-            return out if return_weights else (out, None)
-
-        x, weights = self.residual(x, self.norm1, attend)
-        x, _ = self.residual(x, self.norm2, lambda h: (self.ffn(h), None))
+        kw = dict(mask=mask, positions=positions)
+        if self.pre_norm:  # x + Sublayer(LN(x))
+            a, weights = _attend(self.self_attn, self.norm1(x), return_weights, **kw)
+            x = x + self.dropout(a)
+            x = x + self.dropout(self.ffn(self.norm2(x)))
+        else:  # LN(x + Sublayer(x)), the paper
+            a, weights = _attend(self.self_attn, x, return_weights, **kw)
+            x = self.norm1(x + self.dropout(a))
+            x = self.norm2(x + self.dropout(self.ffn(x)))
         return x, weights
 
 
-class DecoderLayer(_Sublayers):
+class DecoderLayer(nn.Module):
     """Masked self-attention -> Add & Norm -> [cross-attention -> Add & Norm] -> FFN -> Add & Norm.
 
     ``cross_attention=False`` drops the middle sublayer: the decoder-only (GPT) layer.
     """
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True) -> None:
-        super().__init__(cfg)
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.dropout = nn.Dropout(cfg.dropout)
         self.self_attn = _attention(cfg)
         self.norm1 = make_norm(cfg)
         self.cross_attn = _attention(cfg, positional=False) if cross_attention else None
@@ -238,8 +226,8 @@ class DecoderLayer(_Sublayers):
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         positions: Tensor | None = None,
-        cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
+        cache=None,
+        cross_cache=None,
         return_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, N, D); memory (B, M, D), the encoder output (needed iff the layer has
@@ -253,30 +241,43 @@ class DecoderLayer(_Sublayers):
                 "DecoderLayer: memory (the encoder output) must be given exactly when the layer "
                 f"has cross-attention (cross_attention={self.cross_attn is not None})"
             )
-
-        def self_attend(h):
-            out = self.self_attn(
-                h,
-                mask=self_mask,
-                is_causal=True,
-                positions=positions,
-                cache=cache,
-                return_weights=return_weights,
-            )
-            return out if return_weights else (out, None)
-
-        def cross_attend(h):
-            out = self.cross_attn(
-                h, memory, mask=memory_mask, cache=cross_cache, return_weights=return_weights
-            )
-            return out if return_weights else (out, None)
-
-        x, self_weights = self.residual(x, self.norm1, self_attend)
+        masked = dict(mask=self_mask, is_causal=True, positions=positions, cache=cache)
+        cross = dict(context=memory, mask=memory_mask, cache=cross_cache)
         cross_weights = None
-        if self.cross_attn is not None:
-            x, cross_weights = self.residual(x, self.norm2, cross_attend)
-        x, _ = self.residual(x, self.norm3, lambda h: (self.ffn(h), None))
+        if self.pre_norm:  # x + Sublayer(LN(x))
+            a, self_weights = _attend(self.self_attn, self.norm1(x), return_weights, **masked)
+            x = x + self.dropout(a)
+            if self.cross_attn is not None:
+                c, cross_weights = _attend(self.cross_attn, self.norm2(x), return_weights, **cross)
+                x = x + self.dropout(c)
+            x = x + self.dropout(self.ffn(self.norm3(x)))
+        else:  # LN(x + Sublayer(x)), the paper
+            a, self_weights = _attend(self.self_attn, x, return_weights, **masked)
+            x = self.norm1(x + self.dropout(a))
+            if self.cross_attn is not None:
+                c, cross_weights = _attend(self.cross_attn, x, return_weights, **cross)
+                x = self.norm2(x + self.dropout(c))
+            x = self.norm3(x + self.dropout(self.ffn(x)))
         return x, self_weights, cross_weights
+
+
+class LMHead(nn.Linear):
+    """The output layer: logits = h W^T over the vocabulary (before the paper's softmax).
+
+    ``loss`` is the training objective on top of it. (``attnkit.accel.fuse_lm_loss`` swaps in
+    a version that never holds the (tokens x V) logits; the value is the same.)
+    """
+
+    def loss(self, hidden, targets, *, ignore_index: int = -100, smoothing: float = 0.0):
+        """Mean cross-entropy of ``self(hidden)`` against ``targets`` over the targets that are
+        not ``ignore_index``, with label smoothing ``smoothing``; 0 when there are none."""
+        logits = self(hidden).flatten(0, -2).float()  # (T, V)
+        flat = targets.reshape(-1)  # (T,)
+        count = (flat != ignore_index).sum().clamp(min=1)
+        total = F.cross_entropy(
+            logits, flat, ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
+        )
+        return total / count
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
+
 __all__ = [
     "ALiBi",
     "LearnedPositions",
@@ -29,11 +31,6 @@ __all__ = [
     "positions_from_mask",
     "sinusoidal_table",
 ]
-
-
-def _check_positive_int(owner: str, name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
 
 
 def _check_positions(owner: str, positions: Tensor, max_len: int | None = None) -> None:
@@ -82,8 +79,8 @@ def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     Each pair of dimensions is a sinusoid of its own wavelength, from 2*pi up to 10000 * 2*pi,
     so PE(pos + k) is a fixed linear function (a rotation) of PE(pos) for every offset k.
     """
-    _check_positive_int("sinusoidal_table", "max_len", max_len)
-    _check_positive_int("sinusoidal_table", "d_model", d_model)
+    checks.positive_int("sinusoidal_table: max_len", max_len)
+    checks.positive_int("sinusoidal_table: d_model", d_model)
     if d_model % 2:
         raise ValueError(f"sinusoidal_table: d_model must be even (sin/cos pairs), got {d_model}")
     pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
@@ -113,8 +110,8 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
-        _check_positive_int("LearnedPositions", "max_len", max_len)
-        _check_positive_int("LearnedPositions", "d_model", d_model)
+        checks.positive_int("LearnedPositions: max_len", max_len)
+        checks.positive_int("LearnedPositions: d_model", d_model)
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
@@ -143,7 +140,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
-        _check_positive_int("RotaryEmbedding", "dim", dim)
+        checks.positive_int("RotaryEmbedding: dim", dim)
         if dim % 2:
             raise ValueError(f"RotaryEmbedding: dim must be even, got {dim}")
         if not base > 1.0:
@@ -182,7 +179,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     For 8 heads: 1/2, 1/4, ..., 1/256. When n is not a power of two, the paper takes the slopes
     of the nearest lower power of two and fills in every other slope of twice that many.
     """
-    _check_positive_int("alibi_slopes", "n_heads", n_heads)
+    checks.positive_int("alibi_slopes: n_heads", n_heads)
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)

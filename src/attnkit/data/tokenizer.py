@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import operator
 import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -43,6 +42,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from attnkit.files import atomic_write_text
 
 __all__ = [
     "BOS",
@@ -60,23 +61,6 @@ __all__ = [
 PAD, BOS, EOS, UNK, CLS = "<pad>", "<bos>", "<eos>", "<unk>", "[CLS]"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK, CLS)  # ids 0, 1, 2, 3, 4
 _FORMAT_VERSION = 1
-
-
-def _write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private (0600); a tokenizer is meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _check_texts(texts: Iterable[str], who: str) -> list[str]:
@@ -157,7 +141,8 @@ class Tokenizer(ABC):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the tokenizer to one JSON file, atomically. :func:`load_tokenizer` reads it."""
-        _write_atomically(path, self.to_json())
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, self.to_json())
 
     def __len__(self) -> int:
         return self.vocab_size

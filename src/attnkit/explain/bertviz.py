@@ -32,7 +32,7 @@ from torch import Tensor
 
 from attnkit.explain._attentions import select_example
 from attnkit.explain._checks import check_positive_int, check_tokens
-from attnkit.explain._files import atomic_write_text
+from attnkit.files import atomic_write_text
 
 __all__ = ["bertviz_data", "export_bertviz_json", "to_bertviz"]
 

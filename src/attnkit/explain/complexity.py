@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from attnkit.attention import scaled_dot_product_attention
-from attnkit.efficient import linear_attention, sliding_window_attention
+from attnkit.backends import linear_attention, sliding_window_attention
 
 __all__ = [
     "ComplexityRow",
@@ -224,7 +224,7 @@ def plot_complexity(rows: Sequence[ComplexityRow], path: str | Path) -> Path:
     """Log-log plots of time and memory against N, one line per variant (PNG)."""
     from matplotlib.figure import Figure
 
-    from attnkit.explain._files import atomic_path
+    from attnkit.files import atomic_path
 
     fig = Figure(figsize=(11, 4.5))
     ax_t, ax_m = fig.subplots(1, 2)

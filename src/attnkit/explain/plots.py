@@ -32,8 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from attnkit.explain._checks import as_array, check_positive_int, check_tokens
-from attnkit.explain._files import atomic_path
 from attnkit.explain.fonts import font_context
+from attnkit.files import atomic_path
 from attnkit.position import sinusoidal_table
 
 __all__ = [

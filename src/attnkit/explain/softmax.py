@@ -8,7 +8,7 @@ import math
 import torch
 
 from attnkit.attention import causal_mask, scaled_dot_product_attention
-from attnkit.explain.tables import format_table
+from attnkit.tables import format_table
 
 __all__ = ["explain_causal", "explain_softmax"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnkit.explain.tables import format_table
+from attnkit.tables import format_table
 
 __all__ = ["AttentionTrace", "format_trace", "trace_attention"]
 
@@ -110,10 +110,7 @@ def trace_attention(
 
     x, kwargs = caught["x"], caught["kwargs"]
     n = x.shape[1]
-    q, k, v = mha._project(x, None)
-    q = mha._split_heads(q, mha.n_heads)  # (1, H, N, d_k)
-    k = mha._split_heads(k, mha.n_kv_heads)  # (1, H_kv, N, d_k)
-    v = mha._split_heads(v, mha.n_kv_heads)
+    q, k, v = mha.project(x)  # (1, H, N, d_k), (1, H_kv, N, d_k), (1, H_kv, N, d_v)
     positions = kwargs.get("positions")
     if positions is None:
         positions = torch.arange(n)

@@ -2,7 +2,7 @@
 
 ::
 
-    pretrained.py   from_pretrained (dispatch through LOADERS), save_pretrained, load_tokenizer_for
+    pretrained.py   from_pretrained (dispatch through LOADERS), load_tokenizer_for
     hf.py           Hugging Face directories: config.json + safetensors -> BERT / GPT-2 / Llama
     hf_config.py    config.json read field by field, types checked, unknown fields refused
     checkpoint.py   safetensors files, single or sharded, never unpickled
@@ -14,30 +14,26 @@
     embeddings.py   mean-pooled, L2-normalised sentence embeddings (sentence-transformers)
 """
 
-from attnkit.interop.embeddings import cosine_similarities, sentence_embeddings
-from attnkit.interop.gguf import load_gguf
-from attnkit.interop.gpt2 import gpt2_from_hf_state_dict, gpt2_to_hf
-from attnkit.interop.hf import load_hf_directory
-from attnkit.interop.pretrained import (
-    LOADERS,
-    atomic_directory,
-    from_pretrained,
-    load_tokenizer_for,
-    save_pretrained,
-)
-from attnkit.interop.tokenizer import PretrainedTokenizer
+from attnkit.interop.pretrained import LOADERS, from_pretrained, load_tokenizer_for
 
-__all__ = [
-    "LOADERS",
-    "PretrainedTokenizer",
-    "atomic_directory",
-    "cosine_similarities",
-    "from_pretrained",
-    "gpt2_from_hf_state_dict",
-    "gpt2_to_hf",
-    "load_gguf",
-    "load_hf_directory",
-    "load_tokenizer_for",
-    "save_pretrained",
-    "sentence_embeddings",
-]
+# The readers of foreign formats load on first use (``attnkit.interop.gpt2_to_hf`` imports
+# gpt2.py then), so importing attnkit does not import every format's reader.
+_LAZY = {
+    "PretrainedTokenizer": "attnkit.interop.tokenizer",
+    "cosine_similarities": "attnkit.interop.embeddings",
+    "gpt2_from_hf_state_dict": "attnkit.interop.gpt2",
+    "gpt2_to_hf": "attnkit.interop.gpt2",
+    "load_gguf": "attnkit.interop.gguf",
+    "load_hf_directory": "attnkit.interop.hf",
+    "sentence_embeddings": "attnkit.interop.embeddings",
+}
+
+__all__ = ["LOADERS", "from_pretrained", "load_tokenizer_for", *sorted(_LAZY)]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit.interop' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -57,7 +57,6 @@ from attnkit.models import DecoderLM
 __all__ = [
     "SUPPORTED_QUANTIZATIONS",
     "gguf_metadata",
-    "is_gguf_file",
     "llama_config_from_gguf",
     "load_gguf",
     "read_gguf",
@@ -95,19 +94,6 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def is_gguf_file(path: Path) -> bool:
-    """A file named ``*.gguf`` or starting with the GGUF magic bytes."""
-    if not path.is_file():
-        return False
-    if path.suffix.lower() == ".gguf":
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
 
 
 def read_gguf(path: str | os.PathLike[str]):

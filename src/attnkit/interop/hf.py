@@ -17,7 +17,6 @@ directory whose ``config.json`` is not attnkit's own.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from attnkit.interop.gpt2 import load_gpt2
 from attnkit.interop.hf_config import HFConfig
 from attnkit.interop.llama import load_llama
 
-__all__ = ["ARCHITECTURES", "is_hf_directory", "load_hf_directory"]
+__all__ = ["ARCHITECTURES", "load_hf_directory"]
 
 CONFIG_FILE = "config.json"
 
@@ -41,18 +40,6 @@ ARCHITECTURES: dict[str, Callable[[HFConfig, Tensors], nn.Module]] = {
     "llama": load_llama,
 }
 _PREFIXES = {"Bert": "bert", "GPT2": "gpt2", "Llama": "llama"}
-
-
-def is_hf_directory(path: Path) -> bool:
-    """A directory whose ``config.json`` is a JSON object not written by attnkit."""
-    config = path / CONFIG_FILE
-    if not (path.is_dir() and config.is_file()):
-        return False
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, OSError):
-        return False  # from_pretrained reports the bad JSON itself
-    return isinstance(data, dict) and "attnkit" not in data
 
 
 def _model_type(hf: HFConfig) -> str:

@@ -1,175 +1,68 @@
-"""attnkit's own model directories, and ``from_pretrained`` for every kind of weights.
+"""``from_pretrained`` for every kind of weights, and the tokenizer stored with a model.
 
 ``from_pretrained(path)`` asks each registered loader in :data:`LOADERS` whether it recognises
 ``path`` (Hugging Face directories: :mod:`attnkit.interop.hf`; GGUF files:
-:mod:`attnkit.interop.gguf`), and otherwise reads attnkit's own directory format.
-
-A directory written by ``model.save_pretrained(dir)``::
-
-    dir/config.json         {"attnkit": {"format": 1, "family": ..., ...}, "config": {...}}
-    dir/model.safetensors   the weights (a tied matrix is stored once)
-    dir/tokenizer.json      the tokenizer, when one was given
-
-The directory is written next to its final place and renamed into it, so a crash never leaves a
-half-written model where a good one was. Nothing is ever unpickled: weights are safetensors.
+:mod:`attnkit.interop.gguf`), and otherwise reads attnkit's own directory format
+(:mod:`attnkit.serialization`). A loader's module is imported only when its files are loaded,
+so ``import attnkit`` does not load every foreign format's reader.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
 from torch import nn
 
-from attnkit.config import ModelConfig
-from attnkit.interop.gguf import is_gguf_file, load_gguf
-from attnkit.interop.hf import is_hf_directory, load_hf_directory
-from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
+from attnkit.serialization import TOKENIZER_FILE, load_attnkit, read_config
 
-__all__ = [
-    "LOADERS",
-    "atomic_directory",
-    "from_pretrained",
-    "load_tokenizer_for",
-    "save_pretrained",
-]
+__all__ = ["LOADERS", "from_pretrained", "is_gguf_file", "is_hf_directory", "load_tokenizer_for"]
 
-FORMAT = 1
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 
-_FAMILIES: dict[str, type[nn.Module]] = {
-    "encoder-only": EncoderModel,
-    "encoder-classifier": EncoderClassifier,
-    "encoder-decoder": Transformer,
-    "decoder-only": DecoderLM,
-}
+def is_gguf_file(path: Path) -> bool:
+    """A file named ``*.gguf`` or starting with the GGUF magic bytes."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A directory whose ``config.json`` is a JSON object not written by attnkit."""
+    config = path / "config.json"
+    if not (path.is_dir() and config.is_file()):
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, OSError):
+        return False  # from_pretrained reports the bad JSON itself
+    return isinstance(data, dict) and "attnkit" not in data
+
+
+def _load_hf(path: Path) -> nn.Module:
+    from attnkit.interop.hf import load_hf_directory
+
+    return load_hf_directory(path)
+
+
+def _load_gguf(path: Path) -> nn.Module:
+    from attnkit.interop.gguf import load_gguf
+
+    return load_gguf(path)
+
 
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
 LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
-    ("Hugging Face directories (bert, gpt2, llama)", is_hf_directory, load_hf_directory),
-    ("GGUF files (llama)", is_gguf_file, load_gguf),
+    ("Hugging Face directories (bert, gpt2, llama)", is_hf_directory, _load_hf),
+    ("GGUF files (llama)", is_gguf_file, _load_gguf),
 ]
-
-
-@contextmanager
-def atomic_directory(path: str | os.PathLike[str]):
-    """Yield a fresh temporary directory; on success it replaces ``path`` by a rename.
-
-    If the body raises, ``path`` is left as it was and the temporary directory is removed.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        umask = os.umask(0o022)  # read the umask (only settable), then put it back
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a model directory is for sharing
-        for child in tmp.rglob("*"):
-            os.chmod(child, (0o777 if child.is_dir() else 0o666) & ~umask)
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _family(model: nn.Module) -> str:
-    if isinstance(model, EncoderClassifier):
-        return "encoder-classifier"
-    family = getattr(model, "family", None)
-    if family not in _FAMILIES:
-        raise TypeError(f"save_pretrained: not an attnkit model: {type(model).__name__}")
-    return family
-
-
-def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> None:
-    """Write config.json + model.safetensors (+ tokenizer.json) into an existing directory,
-    not atomically: for writers (training checkpoints) that make their own directory atomic."""
-    family = _family(model)
-    meta: dict[str, Any] = {"format": FORMAT, "family": family}
-    if isinstance(model, EncoderClassifier):
-        meta["num_classes"] = model.classifier.out_features
-        meta["pooling"] = model.pooling
-        if model.labels is not None:
-            meta["labels"] = list(model.labels)
-    (directory / CONFIG_FILE).write_text(
-        json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
-    )
-    save_model(model, str(directory / WEIGHTS_FILE))
-    if tokenizer is not None:
-        tokenizer.save(directory / TOKENIZER_FILE)
-
-
-def save_pretrained(model: nn.Module, directory: str | os.PathLike[str], *, tokenizer=None) -> Path:
-    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically."""
-    _family(model)  # refuse a non-attnkit model before creating anything
-    with atomic_directory(directory) as tmp:
-        write_pretrained(model, tmp, tokenizer=tokenizer)
-    return Path(directory)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{path}: no {CONFIG_FILE} (not a model directory)")
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:
-    meta = data["attnkit"]
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{path / CONFIG_FILE}: unsupported attnkit format {meta!r}")
-    family = meta.get("family")
-    if family not in _FAMILIES:
-        raise ValueError(
-            f"{path / CONFIG_FILE}: unknown family {family!r}; expected one of {sorted(_FAMILIES)}"
-        )
-    try:
-        cfg = ModelConfig.from_dict(data.get("config"))
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
-    if family == "encoder-classifier":
-        model = EncoderClassifier(
-            cfg,
-            meta.get("num_classes"),
-            pooling=meta.get("pooling", "cls"),
-            labels=meta.get("labels"),
-        )
-    else:
-        model = _FAMILIES[family](cfg)
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE}")
-    try:
-        missing, unexpected = load_model(model, str(weights), strict=False)
-    except (SafetensorError, OSError, RuntimeError) as error:
-        raise ValueError(f"{weights}: cannot read the weights ({error})") from None
-    if missing or unexpected:
-        raise ValueError(
-            f"{weights}: the weights do not fit the config: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
-        )
-    return model.eval()
 
 
 def from_pretrained(path: str | os.PathLike[str]) -> nn.Module:
@@ -182,9 +75,9 @@ def from_pretrained(path: str | os.PathLike[str]) -> nn.Module:
         if recognises(path):
             return load(path)
     if path.is_dir():
-        data = _read_config(path)
+        data = read_config(path)
         if "attnkit" in data:
-            return _load_attnkit(path, data)
+            return load_attnkit(path, data)
         found = data.get("model_type") or data.get("architectures") or "unknown"
         raise ValueError(
             f"{path}: model type {found!r} is not supported; attnkit reads its own directories"

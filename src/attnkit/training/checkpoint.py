@@ -12,7 +12,7 @@
                               state (base64 of its uint8 tensor), the task and the recipe
 
 Nothing is pickled: tensors go to safetensors, everything else to JSON. The directory is built
-in a temporary sibling and renamed into place (:func:`attnkit.interop.atomic_directory`), so a
+in a temporary sibling and renamed into place (:func:`attnkit.files.atomic_directory`), so a
 crash or a kill part-way leaves the previous checkpoint as it was. One window remains: between
 the two renames that swap the old directory for the new one, only the old one exists, under
 the name ``.checkpoint.old-<pid>``; :func:`find_checkpoint` puts it back.
@@ -33,12 +33,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnkit.interop.pretrained import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    atomic_directory,
-    write_pretrained,
-)
+from attnkit.files import atomic_directory
+from attnkit.serialization import CONFIG_FILE, WEIGHTS_FILE, write_pretrained
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -165,7 +161,7 @@ def save_checkpoint(
     """Write the checkpoint directory atomically (see the module docstring); return its path.
     ``optimizer`` is the optimizer or its ``state_dict()`` (what a sharded run gathers).
 
-    The model part is written by :func:`attnkit.interop.pretrained.write_pretrained`, so it is
+    The model part is written by :func:`attnkit.serialization.write_pretrained`, so it is
     byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
     """
     state.torch_rng = _encode_rng(torch.get_rng_state())

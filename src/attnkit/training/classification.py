@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.data import pad_batch
+from attnkit.tables import format_table
 from attnkit.training.tasks import Batch, ExampleTask
 
-__all__ = ["ClassificationTask", "classification_metrics", "classify"]
+__all__ = ["ClassificationTask", "classification_metrics", "classification_report", "classify"]
 
 
 def classification_metrics(
@@ -185,3 +186,41 @@ class ClassificationTask(ExampleTask):
         probs = classify(model, tokenizer, [prompt], max_len=self.max_len)[0]
         best = int(probs.argmax())
         return f"{prompt}\n-> {self.labels[best]} ({float(probs[best]):.3f})"
+
+
+def classification_report(results: dict[str, dict], labels: list[str]) -> str:
+    """Accuracy and macro F1 per split, then per-class precision / recall / F1 / support and
+    the confusion matrix (rows: true label, columns: predicted)."""
+    parts = [
+        format_table(
+            ["split", "examples", "loss", "accuracy", "macro F1"],
+            [
+                [
+                    s,
+                    f"{m['examples']:,}",
+                    *(f"{m[k]:.4f}" for k in ("loss", "accuracy", "macro_f1")),
+                ]
+                for s, m in results.items()
+            ],
+        )
+    ]
+    for split, m in results.items():
+        support = [sum(row) for row in m["confusion"]]
+        rows = [
+            [name, *(f"{m[f'{k}/{name}']:.4f}" for k in ("precision", "recall", "f1")), str(n)]
+            for name, n in zip(labels, support, strict=True)
+        ]
+        parts.append(
+            f"{split}: per class\n"
+            + format_table(["label", "precision", "recall", "F1", "support"], rows)
+        )
+        matrix = [
+            [f"true {name}", *map(str, row)]
+            for name, row in zip(labels, m["confusion"], strict=True)
+        ]
+        parts.append(
+            f"{split}: confusion matrix\n"
+            + format_table(["", *(f"predicted {name}" for name in labels)], matrix)
+        )
+    parts.append("loss: mean cross entropy per example (nats)")
+    return "\n\n".join(parts)

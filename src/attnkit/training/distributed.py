@@ -27,6 +27,8 @@ exact. Clipping comes after, so it sees the global gradient, the same on every r
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import gc
 import os
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ __all__ = [
     "cleanup",
     "full_model_state",
     "full_optimizer_state",
+    "gradient_sync",
     "init_distributed",
     "load_full_model_state",
     "load_full_optimizer_state",
@@ -49,6 +52,7 @@ __all__ = [
     "shard_model",
     "split_batch",
     "torchrun_env",
+    "wrap_model",
 ]
 
 STRATEGIES = ("ddp", "fsdp")
@@ -218,3 +222,40 @@ def load_full_optimizer_state(
     ]
     by_name = {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(False))
+
+
+def wrap_model(model: nn.Module, env, strategy: str) -> tuple[nn.Module, nn.Module]:
+    """(what the training forward runs, the plain model). The model itself twice for one
+    process; under torchrun DistributedDataParallel around it, or the model sharded in place by
+    FSDP2 with a full copy made before sharding as the plain model."""
+    if not env.enabled:
+        return model, model
+    device_ids = None
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", env.local_rank))
+        device_ids = [env.local_rank]
+    if strategy == "fsdp":
+        plain = copy.deepcopy(model)  # the plain copy (before the shards replace it)
+        for param in plain.parameters():
+            param.requires_grad_(False)
+        return shard_model(model), plain
+    # Every parameter gets a gradient each step (in training, even a mixture-of-experts
+    # expert that no token chose runs, on no rows), so DDP need not look for unused ones.
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids), model
+
+
+@contextlib.contextmanager
+def gradient_sync(train_model: nn.Module, sync: bool, sharded: bool):
+    """A context in which backward all-reduces (DDP) / reduce-scatters (FSDP2) the gradients
+    only if ``sync``: micro-batches before the last one just accumulate locally."""
+    if sync:
+        yield
+    elif sharded:
+        train_model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            train_model.set_requires_gradient_sync(True)
+    else:
+        with train_model.no_sync():
+            yield

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "plot_loss_curve"]
+from attnkit.files import atomic_write_bytes, atomic_write_text
+
+__all__ = ["MetricsLog", "format_time", "plot_loss_curve"]
 
 
 class MetricsLog:
@@ -51,22 +52,10 @@ class MetricsLog:
             return
         kept = [r for r in self.read() if r.get("step", 0) <= step]
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
-        _write_atomically(self.path, text)
+        atomic_write_text(self.path, text)
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
-
-
-def _write_atomically(path: Path, data: str | bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def plot_loss_curve(
@@ -101,5 +90,12 @@ def plot_loss_curve(
     figure.savefig(buffer, format="png")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, buffer.getvalue())
+    atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def format_time(seconds: float) -> str:
+    """12m05s, or 1h02m05s from an hour on (for progress lines)."""
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"

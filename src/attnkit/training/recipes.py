@@ -57,8 +57,8 @@ from attnkit.data import (
 )
 from attnkit.models import DecoderLM, EncoderClassifier, Transformer
 from attnkit.training.classification import ClassificationTask
+from attnkit.training.config import TrainConfig
 from attnkit.training.tasks import LanguageModelTask, Task
-from attnkit.training.trainer import TrainConfig
 from attnkit.training.translation import TranslationTask
 
 __all__ = [

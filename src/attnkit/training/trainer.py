@@ -35,13 +35,11 @@ without saving over the last good checkpoint.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +47,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attnkit import accel
 from attnkit.training.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -60,129 +59,35 @@ from attnkit.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from attnkit.training.config import (
+    PRECISIONS,
+    TrainConfig,
+    TrainingDiverged,
+    TrainResult,
+    make_optimizer,
+    step_context,
+)
 from attnkit.training.distributed import (
     STRATEGIES,
     full_model_state,
     full_optimizer_state,
+    gradient_sync,
     init_distributed,
     load_full_model_state,
     load_full_optimizer_state,
     shard_batch,
-    shard_model,
     split_batch,
+    wrap_model,
 )
-from attnkit.training.metrics import MetricsLog, plot_loss_curve
-from attnkit.training.schedules import SCHEDULES, make_schedule
+from attnkit.training.metrics import MetricsLog, format_time, plot_loss_curve
+from attnkit.training.schedules import make_schedule
 from attnkit.training.tasks import Task
 
 __all__ = ["PRECISIONS", "TrainConfig", "TrainResult", "Trainer", "TrainingDiverged"]
 
-PRECISIONS = ("fp32", "bf16")
+# TrainConfig and the step's context live in training/config.py; re-exported here.
+
 METRICS_FILE, LOSS_CURVE_FILE, SAMPLE_FILE = "metrics.jsonl", "loss_curve.png", "sample.txt"
-
-
-@dataclass
-class TrainConfig:
-    """The ``[train]`` section of a recipe: optimisation, evaluation, checkpoints."""
-
-    steps: int = 1000  # optimizer updates in the whole run
-    batch_size: int = 32
-    lr: float = 1e-3  # the peak (cosine, constant); the multiplier of the paper's formula (noam)
-    schedule: str = "cosine"  # "cosine" | "noam" | "constant"
-    warmup: int = 100  # warm-up steps
-    min_lr_ratio: float = 0.1  # cosine: the floor, as a fraction of the peak
-    weight_decay: float = 0.1  # AdamW, on matrices only (not biases, norms)
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    clip: float = 1.0  # max gradient norm; 0 = no clipping
-    accumulate: int = 1  # micro-batches per step (gradient accumulation); same global batch
-    label_smoothing: float | None = None  # None: the model config's label_smoothing
-    eval_every: int = 250  # steps between validation runs
-    eval_batches: int = 20  # validation batches per run; 0 = the whole split
-    checkpoint_every: int = 500
-    log_every: int = 10  # steps per line of metrics.jsonl
-    precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
-    seed: int = 0  # model init, data order, dropout
-    threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
-    sample_tokens: int = 200  # tokens of text to generate at the end (0: none)
-    sample_prompt: str = ""
-
-    def __post_init__(self) -> None:
-        for name in (
-            "steps",
-            "batch_size",
-            "accumulate",
-            "eval_every",
-            "checkpoint_every",
-            "log_every",
-        ):
-            _check_int(name, getattr(self, name), 1)
-        for name in ("warmup", "eval_batches", "sample_tokens", "seed", "threads"):
-            _check_int(name, getattr(self, name), 0)
-        for name in ("lr", "eps"):
-            if not _is_number(getattr(self, name)) or not getattr(self, name) > 0:
-                raise ValueError(f"train.{name} must be a number > 0, got {getattr(self, name)!r}")
-        for name in ("weight_decay", "clip"):
-            if not _is_number(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"train.{name} must be a number >= 0, got {getattr(self, name)!r}")
-        for name in ("beta1", "beta2", "min_lr_ratio"):
-            if not _is_number(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"train.{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if self.label_smoothing is not None and (
-            not _is_number(self.label_smoothing) or not 0 <= self.label_smoothing < 1
-        ):
-            raise ValueError(
-                f"train.label_smoothing must be in [0, 1) or None, got {self.label_smoothing!r}"
-            )
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.schedule == "noam" and self.warmup < 1:
-            raise ValueError("train.warmup must be >= 1 for the noam schedule")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"train.{name} must be an int >= {minimum}, got {value!r}")
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite; the update was not applied."""
-
-
-@dataclass
-class TrainResult:
-    """How :meth:`Trainer.fit` ended."""
-
-    status: str  # "finished", "paused" (reached `until`) or "interrupted" (a signal)
-    step: int
-    checkpoint: Path | None
-    validation: dict[str, float] | None
-    elapsed_s: float
-    signal: int | None = None
-    sample: str | None = None
-
-
-def precision_context(precision: str, device: torch.device):
-    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def _format_time(seconds: float) -> str:
-    hours, rest = divmod(round(seconds), 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
 class Trainer:
@@ -228,11 +133,19 @@ class Trainer:
         self.tokenizer, self.quiet = tokenizer, quiet or not self.dist.is_main
         self.strategy = strategy
         self.sharded = self.dist.enabled and strategy == "fsdp"
-        self.train_model = self._wrap(model, strategy)  # what the training forward runs
+        accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
+        if config.batch_size < self.dist.world * config.accumulate:
+            raise ValueError(
+                f"train.batch_size={config.batch_size} cannot feed {self.dist.world} process(es) "
+                f"x train.accumulate={config.accumulate} micro-batches: every micro-batch of "
+                "every rank needs at least one row"
+            )
+        # what the training forward runs, and (FSDP) the plain full copy made before sharding
+        self.train_model, self.model = wrap_model(model, self.dist, strategy)
         self.device = next(self.model.parameters()).device
         # The optimizer steps the parameters the training forward uses (sharded under FSDP).
-        self.optimizer, self._param_names = self._make_optimizer(
-            self.train_model if self.sharded else self.model
+        self.optimizer, self._param_names = make_optimizer(
+            config, self.train_model if self.sharded else self.model
         )
         smoothing = config.label_smoothing
         cfg = getattr(model, "cfg", None)
@@ -258,69 +171,15 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / CHECKPOINT_DIR
 
-    def _wrap(self, model: nn.Module, strategy: str) -> nn.Module:
-        """The model itself for one process; under torchrun, DistributedDataParallel around it
-        or the model sharded in place by FSDP2 (``self.model`` then becomes a full copy made
-        before sharding)."""
-        env, config = self.dist, self.config
-        if config.batch_size < env.world * config.accumulate:
-            raise ValueError(
-                f"train.batch_size={config.batch_size} cannot feed {env.world} process(es) x "
-                f"train.accumulate={config.accumulate} micro-batches: every micro-batch of "
-                "every rank needs at least one row"
-            )
-        if not env.enabled:
-            return model
-        device_ids = None
-        if torch.cuda.is_available():
-            model.to(torch.device("cuda", env.local_rank))
-            device_ids = [env.local_rank]
-        if strategy == "fsdp":
-            self.model = copy.deepcopy(model)  # the plain copy (before the shards replace it)
-            for param in self.model.parameters():
-                param.requires_grad_(False)
-            return shard_model(model)
-        # Every parameter gets a gradient each step (in training, even a mixture-of-experts
-        # expert that no token chose runs, on no rows), so DDP need not look for unused ones.
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-
     def _barrier(self) -> None:
         if self.dist.enabled:
             torch.distributed.barrier()
-
-    def _make_optimizer(self, model: nn.Module) -> tuple[torch.optim.AdamW, list[str]]:
-        """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains.
-        Also returns the parameter names in the optimizer's order (group after group)."""
-        decay, no_decay = [], []
-        for name, param in model.named_parameters():  # a tied weight comes once
-            if param.requires_grad:
-                (decay if param.dim() >= 2 else no_decay).append((name, param))
-        groups = [
-            {"params": [p for _, p in decay], "weight_decay": self.config.weight_decay},
-            {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(
-            groups,
-            lr=self.config.lr,
-            betas=(self.config.beta1, self.config.beta2),
-            eps=self.config.eps,
-        )
-        return optimizer, [name for name, _ in decay + no_decay]
 
     def _refresh_model(self) -> None:
         """Under FSDP, gather the shards into the plain copy ``self.model`` (a collective:
         every rank calls it). Nothing to do otherwise: ``self.model`` is what trains."""
         if self.sharded:
             self.model.load_state_dict(full_model_state(self.train_model))
-
-    def _sync_gradients(self, sync: bool):
-        """A context in which backward all-reduces (DDP) / reduce-scatters (FSDP) the
-        gradients only if ``sync``: micro-batches before the last one just accumulate."""
-        if sync or not self.dist.enabled:
-            return contextlib.nullcontext()
-        if self.sharded:
-            return _fsdp_no_sync(self.train_model)
-        return self.train_model.no_sync()
 
     # ----------------------------------------------------------------------------------------
     # Resume, save, evaluate
@@ -383,7 +242,7 @@ class Trainer:
     def evaluate(self, split: str = "validation", max_batches: int | None = None) -> dict:
         """``task.evaluate`` under the run's precision (under FSDP every rank must call it)."""
         self._refresh_model()
-        with precision_context(self.config.precision, self.device):
+        with step_context(self.config.precision, self.device):
             return self.task.evaluate(
                 self.model, split, batch_size=self.config.batch_size, max_batches=max_batches
             )
@@ -452,8 +311,9 @@ class Trainer:
         loss_sum, count = 0.0, 0
         for i, part in enumerate(parts):
             part = {k: v.to(self.device) for k, v in part.items()}
-            with self._sync_gradients(i == len(parts) - 1):
-                with precision_context(config.precision, self.device):
+            last = i == len(parts) - 1
+            with gradient_sync(self.train_model, last or not self.dist.enabled, self.sharded):
+                with step_context(config.precision, self.device):
                     loss, n = self.task.loss(self.train_model, part, smoothing=self.smoothing)
                 (loss * n).backward()  # the sum of this part's token losses
             loss_sum += float(loss.detach()) * n
@@ -579,11 +439,11 @@ class Trainer:
                         self._bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{rate:,.0f}")
                         if not interactive:
                             per_step = (time.perf_counter() - session_start) / session_steps
-                            eta = _format_time(per_step * (stop_at - state.step))
+                            eta = format_time(per_step * (stop_at - state.step))
                             self._say(
                                 f"step {state.step}/{config.steps}  loss {mean:.4f}  "
                                 f"lr {self.optimizer.param_groups[0]['lr']:.2e}  "
-                                f"{rate:,.0f} tok/s  elapsed {_format_time(state.elapsed_s)}  "
+                                f"{rate:,.0f} tok/s  elapsed {format_time(state.elapsed_s)}  "
                                 f"eta {eta}"
                             )
                         window_loss, window_count, window_tokens, window_time = 0.0, 0, 0, 0.0
@@ -638,19 +498,3 @@ class Trainer:
         recipe = self.state.recipe or {}
         title = f"{recipe.get('name', self.task.name)}: loss per token"
         return plot_loss_curve(self.metrics.read(), self.run_dir / LOSS_CURVE_FILE, title=title)
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model: nn.Module):
-    """FSDP2's counterpart of DDP's ``no_sync``: gradients stay local (unsharded) until a
-    backward outside this context reduce-scatters their sum."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
-def train_config_fields() -> list[str]:
-    """The names of TrainConfig's fields, in order (for help texts and recipe errors)."""
-    return [f.name for f in fields(TrainConfig)]

@@ -22,8 +22,10 @@ score) of the decoded translations against the reference texts exactly as the co
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import sacrebleu
@@ -35,7 +37,7 @@ from attnkit.models import shift_right
 from attnkit.training.losses import label_smoothed_cross_entropy
 from attnkit.training.tasks import Batch, ExampleTask
 
-__all__ = ["TranslationTask", "corpus_scores", "translate"]
+__all__ = ["TranslationTask", "corpus_scores", "translate", "write_translations"]
 
 Pair = tuple[str, str]
 
@@ -255,3 +257,12 @@ class TranslationTask(ExampleTask):
         source = prompt.strip() or self.texts["validation"][0][0]
         (translation,) = translate(model, tokenizer, [source], max_len=self.max_len)
         return f"{source}\n-> {translation}"
+
+
+def write_translations(path: Path, outputs: dict[str, dict[str, list[str]]]) -> None:
+    """One JSON line per evaluated pair: split, source, reference, greedy, beamK."""
+    lines = []
+    for split, columns in outputs.items():
+        for i in range(len(columns["source"])):
+            lines.append(json.dumps({"split": split, **{k: v[i] for k, v in columns.items()}}))
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

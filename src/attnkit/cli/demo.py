@@ -1,4 +1,5 @@
-"""``attnkit demo`` (and ``make demo``): the tour in three minutes.
+"""``attnkit demo`` (and ``make demo``): the tour in three minutes. (It trains a model, so it
+lives with the commands: ``explain`` only explains.)
 
 1. The notes' self-test: the softmax of six scores over "今天 下雨 我 没 带 伞", every number.
 2. The shipped all-MiniLM-L6-v2 reads "The animal didn't cross the street because it was too
@@ -10,13 +11,14 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attnkit.attention import causal_mask
+from attnkit.cli._common import UsageError
 from attnkit.explain.plots import (
     plot_attention_heads,
     plot_attention_heatmap,
@@ -25,7 +27,8 @@ from attnkit.explain.plots import (
 )
 from attnkit.explain.report import attention_sections, render_attention_html
 from attnkit.explain.softmax import explain_softmax
-from attnkit.explain.tables import format_table
+from attnkit.masks import causal_mask
+from attnkit.tables import format_table
 
 __all__ = ["SENTENCE", "it_attention", "run_demo"]
 
@@ -178,3 +181,12 @@ def run_demo(
         say(f"picture:  {path}  ({caption})")
     say(f"\ndone in {time.perf_counter() - start:.0f} s")
     return report
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    if not args.train_seconds > 0:
+        raise UsageError(f"--train-seconds: must be > 0, got {args.train_seconds}")
+    try:
+        run_demo(args.out, train_seconds=args.train_seconds)
+    except OSError as error:
+        raise UsageError(f"--out: cannot write under {args.out}: {error}") from None

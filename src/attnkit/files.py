@@ -1,4 +1,5 @@
-"""Atomic writes: a report or picture is either the old file or the whole new one, never half.
+"""Atomic writes: a file (a report, a picture, a tokenizer, a log) or a directory (a model, a
+checkpoint) is either the old one or the whole new one, never half.
 
 Each writer puts its bytes in a temporary file in the destination's own directory (so the rename
 never crosses a file system) and then ``os.replace``-s it over the destination, which is atomic
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_text"]
+__all__ = ["atomic_directory", "atomic_path", "atomic_write_bytes", "atomic_write_text"]
 
 
 def _destination(path: str | os.PathLike[str], owner: str) -> Path:
@@ -58,6 +60,40 @@ def atomic_path(path: str | os.PathLike[str], owner: str = "write") -> Iterator[
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, owner: str = "write") -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; return the destination path."""
-    with atomic_path(path, owner) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    return atomic_write_bytes(path, text.encode("utf-8"), owner)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, owner: str = "write") -> Path:
+    """Write ``data`` to ``path`` atomically, flushed to the disk before the rename."""
+    with atomic_path(path, owner) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temporary directory; on success it replaces ``path`` by a rename.
+
+    If the body raises, ``path`` is left as it was and the temporary directory is removed.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        umask = _umask()
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a model directory is for sharing
+        for child in tmp.rglob("*"):
+            os.chmod(child, (0o777 if child.is_dir() else 0o666) & ~umask)
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,54 @@
+"""Speed levers, applied to a built model from outside: the model code never mentions them.
+
+Each lever is switchable and measured on its own in ``bench/README.md`` (the gain depends on the
+processor: measure before relying on one).
+
+::
+
+    onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
+                  gradients), a torch function mode around a step: ``with onednn_products():``
+    lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
+                  (tokens x V) logits: ``fuse_lm_loss(model)``
+    decoding.py   one-row (decoding) products over weights laid out as (in, out) rows:
+                  ``with decoding_layout(model):``
+    compiled.py   the cached decoding step through torch.compile, weights frozen into it:
+                  ``compiled_step(step, device)``, ``with frozen_weights(model):``
+
+``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
+trainer and the benchmarks run their steps inside ``onednn_products()``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from attnkit.accel.compiled import compiled_step, frozen_weights
+from attnkit.accel.decoding import decoding_layout
+from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy
+from attnkit.accel.onednn import (
+    linear,
+    onednn_linear,
+    onednn_linear_available,
+    onednn_products,
+)
+
+__all__ = [
+    "FusedLMHead",
+    "apply",
+    "compiled_step",
+    "decoding_layout",
+    "frozen_weights",
+    "fuse_lm_loss",
+    "linear",
+    "linear_cross_entropy",
+    "onednn_linear",
+    "onednn_linear_available",
+    "onednn_products",
+]
+
+
+def apply(model: nn.Module, *, fused_loss: bool = True) -> nn.Module:
+    """Turn on the levers that change a model (the fused LM-head loss); returns the model."""
+    if fused_loss:
+        fuse_lm_loss(model)
+    return model

@@ -1,0 +1,146 @@
+"""Float32 matrix products through oneDNN's GEMM on the CPU.
+
+torch sends float32 CPU matrix products to MKL, whose CPU dispatch gives non-Intel processors
+slower code paths on some processors; oneDNN chooses its kernels by the instruction set alone.
+How much this gains depends on the processor (bench/README.md): measure it before relying on it.
+
+``onednn_products()`` is a torch function mode: inside it every ``torch.nn.functional.linear``
+(every ``nn.Linear`` and every slice of a weight, the cross-attention's included) whose
+operands are float32 CPU tensors with at least a few rows runs through oneDNN, forward, dL/dx and
+dL/dW alike; everything else (other dtypes, autocast, other devices, single rows) runs as usual.
+Strict float32 throughout. The oneDNN path differentiates once (no second derivatives).
+``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.overrides import TorchFunctionMode
+
+__all__ = [
+    "linear",
+    "mm_t",
+    "onednn_linear",
+    "onednn_linear_available",
+    "onednn_products",
+    "use_onednn",
+]
+
+# Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
+# its matrix-vector kernel beats oneDNN's per-call set-up.
+_MIN_ROWS = 8
+_state = {"enabled": os.environ.get("ATTNKIT_ONEDNN_LINEAR", "1") != "0"}
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's linear operator (x86 and ARM CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@contextmanager
+def onednn_linear(enabled: bool):
+    """Turn the oneDNN path on or off inside a ``with`` block (benchmarks and tests compare
+    both). The default is on; ``ATTNKIT_ONEDNN_LINEAR=0`` turns it off."""
+    before = _state["enabled"]
+    _state["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
+
+
+def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a @ b_t.T (+ bias)`` for 2-D float32 CPU tensors, by oneDNN. ``b_t`` may be a
+    transposed view (oneDNN reads either layout); ``a`` is made contiguous if it is not."""
+    return torch.ops.mkldnn._linear_pointwise(a, b_t, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``x W^T + b`` with the forward and both backward products in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        x2 = x.reshape(-1, x.shape[-1])  # (T, in): every leading axis is a row
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape = x.shape
+        ctx.has_bias = bias is not None
+        return _mm(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # (T, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _mm(g2, weight.t()).view(ctx.x_shape)  # dL/dx = g W
+        if ctx.needs_input_grad[1]:
+            # dL/dW = g^T x, (out, in). oneDNN wants its left operand contiguous, so transpose
+            # whichever of g (T x out) and x (T x in) is the smaller copy.
+            if g2.shape[1] <= x2.shape[1]:
+                grad_w = _mm(g2.t(), x2.t())
+            else:  # (x^T g)^T: copies x and the (in, out) result, not the wide g (LM head)
+                grad_w = _mm(x2.t(), g2.t()).t().contiguous()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether oneDNN takes this product (see the module docstring)."""
+    return (
+        _state["enabled"]
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and (bias is None or bias.dtype == torch.float32)
+        # A dense (out, in) or (in, out) layout only: a strided slice of a transposed weight
+        # sends oneDNN to a reference kernel, far slower than torch's GEMM on the same view.
+        and (weight.is_contiguous() or weight.t().is_contiguous())
+        and x.dim() >= 2
+        and x.numel() >= _MIN_ROWS * x.shape[-1] > 0
+        and not torch.is_autocast_enabled("cpu")  # autocast casts to bf16: torch's path
+        and not torch.compiler.is_compiling()  # let the compiler see an ordinary linear
+        and onednn_linear_available()
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, through oneDNN where :func:`use_onednn` says so."""
+    if use_onednn(x, weight, bias):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def mm_t(a: Tensor, b_t: Tensor) -> Tensor:
+    """``a @ b_t.T`` for 2-D tensors, through oneDNN where :func:`linear` would use it."""
+    if use_onednn(a, b_t, None):
+        return _mm(a, b_t)
+    return a @ b_t.t()
+
+
+class _Products(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if use_onednn(x, weight, bias):
+                return _OneDNNLinear.apply(x, weight, bias)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def onednn_products():
+    """Inside the block, float32 ``F.linear`` calls on the CPU go through oneDNN (see above)."""
+    if not (_state["enabled"] and onednn_linear_available()):
+        yield
+        return
+    with _Products():
+        yield

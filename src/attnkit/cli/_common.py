@@ -1,0 +1,67 @@
+"""What the commands share: the one-line usage error, the parser that raises it, and loading a
+model or a tokenizer with the problems reported as usage errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from attnkit.config import ModelConfig
+
+
+class UsageError(Exception):
+    """A problem with what the user typed: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _load_model(path: str, option: str):
+    """from_pretrained, with a missing or unreadable path reported as a usage error."""
+    from attnkit.interop import from_pretrained
+
+    try:
+        return from_pretrained(path)
+    except (FileNotFoundError, ValueError, TypeError) as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+def _load_tokenizer(path: str, option: str):
+    """load_tokenizer_for, with an unreadable tokenizer reported as a usage error."""
+    from attnkit.interop import load_tokenizer_for
+
+    try:
+        return load_tokenizer_for(path)
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+def _tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: int, family):
+    """(model, [(ids, tokens) per text]): a saved model with its tokenizer, or an untrained
+    preset of the given family whose vocabulary is the texts' words (or characters)."""
+    if model_path:
+        model = _load_model(model_path, "--model")
+        tokenizer = _load_tokenizer(model_path, "--model")
+        if tokenizer is None:
+            raise UsageError(f"--model: {model_path} has no tokenizer.json")
+        out = []
+        for text in texts:
+            ids = tokenizer.encode(text)
+            to_token = getattr(tokenizer, "id_to_token", None)
+            out.append((ids, [to_token(i) if to_token else tokenizer.decode([i]) for i in ids]))
+        return model, out
+    # An untrained model: one token per space-separated word (per character without spaces).
+    split = [t.split() if " " in t.strip() else list(t.strip()) for t in texts]
+    vocab = {tok: i + 5 for i, tok in enumerate(dict.fromkeys(x for toks in split for x in toks))}
+    try:
+        cfg = ModelConfig.preset(preset, vocab_size=max(512, len(vocab) + 5))
+    except ValueError as error:
+        raise UsageError(f"--preset: {error}") from None
+    torch.manual_seed(seed)
+    model = family(cfg).eval()
+    return model, [([vocab[x] for x in toks], toks) for toks in split]

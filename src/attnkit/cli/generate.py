@@ -1,0 +1,79 @@
+"""``attnkit generate``: continue a prompt with a language model."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+
+# --------------------------------------------------------------------------------------------
+# attnkit generate
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_generate(args: argparse.Namespace) -> None:
+    positional = list(args.args)
+    path = args.checkpoint or args.model
+    option = "--checkpoint" if args.checkpoint else "--model" if args.model else "CHECKPOINT"
+    if path is None:
+        if not positional:
+            raise UsageError("generate: give a model directory and a prompt (see --help)")
+        path = positional.pop(0)
+    if len(positional) != 1:
+        raise UsageError(f"generate: expected one prompt, got {len(positional)} arguments")
+    prompt = positional[0]
+    model = _load_model(path, option)
+    if getattr(model, "family", None) != "decoder-only":
+        raise UsageError(
+            f"{option}: {path} holds a {type(model).__name__}; generate needs a decoder-only "
+            "language model"
+        )
+    tokenizer = _load_tokenizer(path, option)
+    if tokenizer is None:
+        raise UsageError(
+            f"{option}: {path} has no tokenizer (tokenizer.json, or tokenizer.ggml.* in a GGUF "
+            "file) to turn the prompt into ids"
+        )
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        if model.cfg.bos_id is None:
+            raise UsageError("generate: the prompt is empty and the model has no BOS token")
+        ids = [model.cfg.bos_id]
+    prompt_ids = torch.tensor([ids])
+    new_ids: list[int] = []
+    shown = ""
+    # The new text is what decoding prompt + new tokens adds to the decoded prompt: decoding the
+    # new tokens alone would lose a SentencePiece token's leading space.
+    base = tokenizer.decode(ids)
+
+    def stream(tokens):
+        nonlocal shown
+        if not new_ids:
+            print(prompt, end="", flush=True)
+        new_ids.append(int(tokens[0]))
+        text = tokenizer.decode(ids + new_ids)[len(base) :]
+        if text.endswith("\ufffd"):
+            return  # half a UTF-8 character so far: wait for the rest
+        print(text[len(shown) :], end="", flush=True)
+        shown = text
+
+    try:
+        out = model.generate(
+            prompt_ids,
+            args.max_new_tokens,
+            do_sample=not args.greedy and args.beam == 1,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            num_beams=args.beam,
+            seed=args.seed,
+            on_token=stream if args.beam == 1 else None,
+            compile=args.compile,
+        )
+    except ValueError as error:
+        raise UsageError(f"generate: {error}") from None
+    if args.beam > 1:
+        print(prompt + tokenizer.decode(out[0].tolist())[len(base) :], end="")
+    print()

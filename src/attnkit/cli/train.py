@@ -1,0 +1,189 @@
+"""``attnkit train``: run a recipe (one process, or several under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from attnkit.cli._common import UsageError
+
+# --------------------------------------------------------------------------------------------
+# attnkit train / attnkit evaluate
+# --------------------------------------------------------------------------------------------
+
+# A run stopped by a signal saved its checkpoint; it still exits non-zero, as shells expect.
+_SIGNAL_EXIT = {2: 130, 15: 143}  # SIGINT, SIGTERM
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+
+    from attnkit.data import CorpusNotFoundError
+    from attnkit.interop import load_tokenizer_for
+    from attnkit.training import (
+        CheckpointError,
+        Trainer,
+        find_checkpoint,
+        read_trainer_state,
+    )
+    from attnkit.training.distributed import cleanup
+    from attnkit.training.recipes import (
+        RecipeError,
+        build_model,
+        build_task,
+        load_recipe,
+        recipe_differences,
+    )
+
+    if args.nproc is not None:
+        return _launch_torchrun(args)
+    overrides = list(args.set)
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
+    try:
+        recipe = load_recipe(args.recipe, overrides)
+    except RecipeError as error:
+        raise UsageError(str(error)) from None
+    out = Path(args.out) if args.out else Path("runs") / recipe.name
+    try:
+        existing = find_checkpoint(out)
+        state = read_trainer_state(existing) if existing is not None else None
+    except CheckpointError as error:
+        raise UsageError(f"--out: {error}") from None
+    tokenizer = None
+    if args.resume:
+        if state is None:
+            raise UsageError(f"--resume: there is no checkpoint in {out} to continue")
+        changes = recipe_differences(state.recipe or {}, recipe.to_dict())
+        if changes:
+            raise UsageError(
+                f"--resume: {existing} was trained with another recipe ({'; '.join(changes)}); "
+                "only [train] keys may change on resume"
+            )
+        tokenizer = load_tokenizer_for(existing)
+    elif state is not None:
+        raise UsageError(
+            f"--out: {out} already holds a checkpoint (step {state.step}); add --resume to "
+            "continue it, or choose another --out"
+        )
+    try:
+        task, tokenizer = build_task(recipe, tokenizer)
+        model = build_model(recipe, tokenizer.vocab_size)
+    except CorpusNotFoundError as error:
+        raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
+    except ValueError as error:
+        raise UsageError(f"{args.recipe}: {error}") from None
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out: cannot create the run directory {out}: {error}") from None
+    try:
+        trainer = Trainer(
+            model,
+            task,
+            recipe.train,
+            out,
+            tokenizer=tokenizer,
+            recipe=recipe.to_dict(),
+            quiet=args.quiet,
+            strategy=args.strategy,
+        )
+    except ValueError as error:  # a distributed setup that cannot work (batch < world)
+        raise UsageError(str(error)) from None
+    try:
+        return _run_trainer(args, trainer, recipe, model, task, tokenizer, out)
+    finally:
+        del trainer, model  # a sharded model goes before its process group does
+        cleanup()
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """``attnkit train ... --nproc N``: the same command under ``torchrun --standalone``."""
+    import subprocess
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if "LOCAL_RANK" in os.environ:
+        raise UsageError("--nproc: this process already runs under torchrun; drop --nproc")
+    rest = [args.recipe]
+    for item in args.set:
+        rest += ["--set", item]
+    if args.out:
+        rest += ["--out", args.out]
+    rest += ["--resume"] * args.resume + ["--quiet"] * args.quiet
+    if args.precision:
+        rest += ["--precision", args.precision]
+    rest += ["--strategy", args.strategy]
+    launcher = ["--standalone", "--nproc-per-node", str(args.nproc), "-m", "attnkit.train"]
+    if not args.quiet:
+        print("torchrun " + " ".join(launcher + rest), flush=True)
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher, *rest]
+    return subprocess.run(command, check=False).returncode
+
+
+def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
+    from attnkit.training import CheckpointError, TrainingDiverged
+
+    if args.resume:
+        try:
+            trainer.resume()
+        except CheckpointError as error:
+            raise UsageError(f"--resume: {error}") from None
+    main_rank = trainer.dist.is_main
+    say = (lambda *a, **k: None) if args.quiet or not main_rank else print
+    cfg, train = model.cfg, recipe.train
+    described = task.describe()
+    unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
+    sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
+    length = "blocks" if unit == "tokens" else "at most"
+    say(f"attnkit train {recipe.name} -> {out}")
+    say(
+        f"  model  {type(model).__name__}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads, {cfg.position} positions, {model.num_parameters():,} parameters"
+    )
+    say(
+        f"  data   {recipe.data.corpus}, {recipe.data.tokenizer} tokenizer "
+        f"({tokenizer.vocab_size:,} tokens); {sizes} {unit}; {length} "
+        f"{recipe.data.block_size} tokens"
+    )
+    say(
+        f"  train  {train.steps:,} steps x {train.batch_size}"
+        + (f" in {train.accumulate} micro-batches" if train.accumulate > 1 else "")
+        + f", {train.schedule} lr {train.lr:g}, "
+        f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
+        f"{torch.get_num_threads()} CPU thread(s)"
+        + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
+    )
+    if args.resume:
+        say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
+    try:
+        result = trainer.fit()
+    except TrainingDiverged as error:
+        if main_rank:  # every rank sees the same global loss and gradient norm
+            print(f"attnkit: error: {error}", file=sys.stderr)
+        return 1
+    validation = result.validation or {}
+    summary = f"{result.status}: step {result.step:,}"
+    if "loss" in validation:
+        summary += f", validation loss {validation['loss']:.4f}"
+        if "perplexity" in validation:
+            summary += f" (perplexity {validation['perplexity']:.3f})"
+        for name in ("bleu", "chrf", "accuracy"):
+            if name in validation:
+                summary += f", {name} {validation[name]:.2f}"
+    say(f"{summary}, {result.elapsed_s / 60:.1f} min of training")
+    say(f"  checkpoint  {result.checkpoint}")
+    if result.status == "finished":
+        say(f"  loss curve  {out / 'loss_curve.png'}")
+        say(f"  evaluate    attnkit evaluate {result.checkpoint}")
+        use = {"translation": "translate", "classification": "classify"}.get(task.name)
+        if use:
+            say(f"  {use:<11} attnkit {use} {result.checkpoint} TEXT")
+        if result.sample is not None:
+            say(f"  sample\n{result.sample}")
+    return _SIGNAL_EXIT.get(result.signal, 1) if result.signal is not None else 0

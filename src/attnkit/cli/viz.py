@@ -1,0 +1,80 @@
+"""``attnkit viz``: pictures and the HTML report of a model's attention."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from attnkit.cli._common import UsageError, _tokenize_for
+from attnkit.serialization import FAMILIES
+
+# --------------------------------------------------------------------------------------------
+# attnkit viz
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_viz(args: argparse.Namespace) -> None:
+    """All layers and heads of a model over a text: the HTML report, PNGs, a bertviz export."""
+    from attnkit.explain import (
+        attention_sections,
+        export_bertviz_json,
+        plot_attention_heads,
+        render_attention_html,
+    )
+
+    family = {"encoder": "encoder-only", "decoder": "decoder-only"}.get(args.family, args.family)
+    texts = [args.text] + ([args.target] if args.target else [])
+    model, encoded = _tokenize_for(args.model, texts, args.preset, args.seed, FAMILIES[family])
+    if any(not ids for ids, _ in encoded):
+        raise UsageError("viz: a text gives no tokens")
+    seq2seq = getattr(model, "family", None) == "encoder-decoder"
+    if seq2seq and args.target is None:
+        raise UsageError("viz: an encoder-decoder model needs --target TEXT (the decoder side)")
+    with torch.no_grad():
+        if seq2seq:
+            (src, src_tokens), (tgt, tgt_tokens) = encoded
+            _, attentions = model(torch.tensor([src]), torch.tensor([tgt]), return_attention=True)
+            where = {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+        else:
+            (ids, tokens) = encoded[0]
+            _, attentions = model(torch.tensor([ids]), return_attention=True)
+            where = {"tokens": tokens}
+    html = args.html or (None if (args.png or args.bertviz) else "runs/viz/report.html")
+    written = []
+    try:
+        if args.png:
+            out = Path(args.png)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, layers in attentions.items() if seq2seq else [("self", attentions)]:
+                queries = where.get("tokens") or (
+                    where["src_tokens"] if name == "encoder" else where["tgt_tokens"]
+                )
+                keys = where["src_tokens"] if name == "cross" else None
+                for i, w in enumerate(layers):
+                    path = out / f"{name}_layer{i}.png"
+                    plot_attention_heads(w[0], queries, keys, path, title=f"{name}, layer {i}")
+                    written.append(path)
+        if args.bertviz:
+            written.append(export_bertviz_json(attentions, args.bertviz, **where))
+        if html:
+            Path(html).parent.mkdir(parents=True, exist_ok=True)
+            source = (
+                "/".join(Path(args.model).resolve().parts[-2:])
+                if args.model
+                else f"untrained preset {args.preset!r} (seed {args.seed})"
+            )
+            written.append(
+                render_attention_html(
+                    attention_sections(attentions, **where),
+                    html,
+                    title=f"attnkit: attention of {source}",
+                    images=[p for p in written if str(p).endswith(".png")],
+                    notes=[f"Text: {args.text}"] + ([f"Target: {args.target}"] if seq2seq else []),
+                )
+            )
+    except (OSError, ValueError) as error:
+        raise UsageError(f"viz: cannot write the output: {error}") from None
+    for path in written:
+        print(f"wrote {path}")

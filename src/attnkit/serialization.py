@@ -1,0 +1,129 @@
+"""attnkit's own model directories, and the one registry of model families.
+
+A directory written by ``model.save_pretrained(dir)``::
+
+    dir/config.json         {"attnkit": {"format": 1, "family": ..., ...}, "config": {...}}
+    dir/model.safetensors   the weights (a tied matrix is stored once)
+    dir/tokenizer.json      the tokenizer, when one was given
+
+The directory is written next to its final place and renamed into it, so a crash never leaves a
+half-written model where a good one was. Nothing is ever unpickled: weights are safetensors.
+
+``FAMILIES`` maps each family name to its class; the model classes enter it with the
+:func:`family` decorator, and everything that builds a model from a name (loading, recipes, the
+command line) looks it up here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from attnkit.config import ModelConfig
+from attnkit.files import atomic_directory
+
+__all__ = [
+    "CONFIG_FILE",
+    "FAMILIES",
+    "TOKENIZER_FILE",
+    "WEIGHTS_FILE",
+    "family",
+    "load_attnkit",
+    "read_config",
+    "save_pretrained",
+    "write_pretrained",
+]
+
+FORMAT = 1
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+
+FAMILIES: dict[str, type[nn.Module]] = {}
+
+
+def family(name: str):
+    """Class decorator: register a model class under a family name (and set ``cls.family``)."""
+
+    def register(cls: type[nn.Module]) -> type[nn.Module]:
+        cls.family = name
+        FAMILIES[name] = cls
+        return cls
+
+    return register
+
+
+def _family_of(model: nn.Module) -> str:
+    name = getattr(model, "family", None)
+    cls = FAMILIES.get(name)
+    if cls is None or not isinstance(model, cls):
+        raise TypeError(f"save_pretrained: not an attnkit model: {type(model).__name__}")
+    return name
+
+
+def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> None:
+    """Write config.json + model.safetensors (+ tokenizer.json) into an existing directory,
+    not atomically: for writers (training checkpoints) that make their own directory atomic."""
+    meta: dict[str, Any] = {"format": FORMAT, "family": _family_of(model), **model.extra_meta()}
+    (directory / CONFIG_FILE).write_text(
+        json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
+    )
+    save_model(model, str(directory / WEIGHTS_FILE))
+    if tokenizer is not None:
+        tokenizer.save(directory / TOKENIZER_FILE)
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike[str], *, tokenizer=None) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically."""
+    _family_of(model)  # refuse a non-attnkit model before creating anything
+    with atomic_directory(directory) as tmp:
+        write_pretrained(model, tmp, tokenizer=tokenizer)
+    return Path(directory)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A model directory's config.json as a dict (a clear error when it is missing or bad)."""
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path}: no {CONFIG_FILE} (not a model directory)")
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:
+    """The model of an attnkit directory whose config.json is ``data``, in eval mode."""
+    meta = data["attnkit"]
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path / CONFIG_FILE}: unsupported attnkit format {meta!r}")
+    name = meta.get("family")
+    if name not in FAMILIES:
+        raise ValueError(
+            f"{path / CONFIG_FILE}: unknown family {name!r}; expected one of {sorted(FAMILIES)}"
+        )
+    try:
+        cfg = ModelConfig.from_dict(data.get("config"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
+    model = FAMILIES[name].from_meta(cfg, meta)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE}")
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except (SafetensorError, OSError, RuntimeError) as error:
+        raise ValueError(f"{weights}: cannot read the weights ({error})") from None
+    if missing or unexpected:
+        raise ValueError(
+            f"{weights}: the weights do not fit the config: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    return model.eval()

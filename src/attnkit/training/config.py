@@ -1,0 +1,157 @@
+"""What a training run is asked to do (``TrainConfig``), what it returns, and the context a
+training or evaluation step runs under (precision and the speed levers of ``attnkit.accel``)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnkit import accel
+from attnkit.training.schedules import SCHEDULES
+
+__all__ = [
+    "PRECISIONS",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "make_optimizer",
+    "precision_context",
+    "step_context",
+    "train_config_fields",
+]
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    """The ``[train]`` section of a recipe: optimisation, evaluation, checkpoints."""
+
+    steps: int = 1000  # optimizer updates in the whole run
+    batch_size: int = 32
+    lr: float = 1e-3  # the peak (cosine, constant); the multiplier of the paper's formula (noam)
+    schedule: str = "cosine"  # "cosine" | "noam" | "constant"
+    warmup: int = 100  # warm-up steps
+    min_lr_ratio: float = 0.1  # cosine: the floor, as a fraction of the peak
+    weight_decay: float = 0.1  # AdamW, on matrices only (not biases, norms)
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    clip: float = 1.0  # max gradient norm; 0 = no clipping
+    accumulate: int = 1  # micro-batches per step (gradient accumulation); same global batch
+    label_smoothing: float | None = None  # None: the model config's label_smoothing
+    eval_every: int = 250  # steps between validation runs
+    eval_batches: int = 20  # validation batches per run; 0 = the whole split
+    checkpoint_every: int = 500
+    log_every: int = 10  # steps per line of metrics.jsonl
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
+    seed: int = 0  # model init, data order, dropout
+    threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
+    sample_tokens: int = 200  # tokens of text to generate at the end (0: none)
+    sample_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "steps",
+            "batch_size",
+            "accumulate",
+            "eval_every",
+            "checkpoint_every",
+            "log_every",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("warmup", "eval_batches", "sample_tokens", "seed", "threads"):
+            _check_int(name, getattr(self, name), 0)
+        for name in ("lr", "eps"):
+            if not _is_number(getattr(self, name)) or not getattr(self, name) > 0:
+                raise ValueError(f"train.{name} must be a number > 0, got {getattr(self, name)!r}")
+        for name in ("weight_decay", "clip"):
+            if not _is_number(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be a number >= 0, got {getattr(self, name)!r}")
+        for name in ("beta1", "beta2", "min_lr_ratio"):
+            if not _is_number(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"train.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.label_smoothing is not None and (
+            not _is_number(self.label_smoothing) or not 0 <= self.label_smoothing < 1
+        ):
+            raise ValueError(
+                f"train.label_smoothing must be in [0, 1) or None, got {self.label_smoothing!r}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "noam" and self.warmup < 1:
+            raise ValueError("train.warmup must be >= 1 for the noam schedule")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"train.{name} must be an int >= {minimum}, got {value!r}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite; the update was not applied."""
+
+
+@dataclass
+class TrainResult:
+    """How :meth:`Trainer.fit` ended."""
+
+    status: str  # "finished", "paused" (reached `until`) or "interrupted" (a signal)
+    step: int
+    checkpoint: Path | None
+    validation: dict[str, float] | None
+    elapsed_s: float
+    signal: int | None = None
+    sample: str | None = None
+
+
+def precision_context(precision: str, device: torch.device):
+    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def step_context(precision: str, device: torch.device):
+    """What a training or evaluation forward runs under: the precision, and the speed levers
+    that act on a step (:func:`attnkit.accel.onednn_products`)."""
+    with precision_context(precision, device), accel.onednn_products():
+        yield
+
+
+def train_config_fields() -> list[str]:
+    """The names of TrainConfig's fields, in order (for help texts and recipe errors)."""
+    return [f.name for f in fields(TrainConfig)]
+
+
+def make_optimizer(config: TrainConfig, model: nn.Module) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains.
+    Also returns the parameter names in the optimizer's order (group after group)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # a tied weight comes once
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append((name, param))
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": config.weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(
+        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps
+    )
+    return optimizer, [name for name, _ in decay + no_decay]
