@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import attnkit as ak
 from attnkit.accel import (
     decoding_layout,
+    decoding_layouts,
     fuse_lm_loss,
     linear,
     linear_cross_entropy,
@@ -200,3 +201,19 @@ def test_decoding_layout_change_the_layout_not_the_values_and_restore_it():
     cached = model.generate(prompt, 12)
     assert torch.equal(cached, model.generate(prompt, 12, use_cache=False))
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_the_decoding_layout_can_be_switched_off():
+    cfg = ak.ModelConfig.preset("tiny", eos_id=None)
+    torch.manual_seed(0)
+    model = ak.DecoderLM(cfg).eval()
+    prompt = torch.randint(3, cfg.vocab_size, (2, 5))
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.append(m.weight.is_contiguous()))
+    expected = model.generate(prompt, 8)
+    assert seen and not any(seen)  # on (the default): (in, out) rows while decoding
+    seen.clear()
+    with decoding_layouts(False):
+        assert torch.equal(model.generate(prompt, 8), expected)
+    assert seen and all(seen)  # off: the weights stay as they are
+    assert model.lm_head.weight.is_contiguous()

@@ -7,10 +7,11 @@ processor: measure before relying on one).
 
     onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
                   gradients), a torch function mode around a step: ``with onednn_products():``
+                  (off: ``onednn_linear(False)`` or ``ATTNKIT_ONEDNN_LINEAR=0``)
     lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
                   (tokens x V) logits: ``fuse_lm_loss(model)``
     decoding.py   one-row (decoding) products over weights laid out as (in, out) rows:
-                  ``with decoding_layout(model):``
+                  ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from torch import nn
 
 from attnkit.accel.compiled import compiled_step, frozen_weights
-from attnkit.accel.decoding import decoding_layout
+from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy
 from attnkit.accel.onednn import (
     linear,
@@ -37,6 +38,7 @@ __all__ = [
     "apply",
     "compiled_step",
     "decoding_layout",
+    "decoding_layouts",
     "frozen_weights",
     "fuse_lm_loss",
     "linear",
