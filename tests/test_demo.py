@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
+import pytest
+
 from attnkit.cli.demo import SENTENCE, it_attention, run_demo
+
+pytestmark = pytest.mark.needs("minilm", "shakespeare")  # the demo reads one, trains on the other
 
 
 def test_demo_writes_the_report_and_the_pictures(tmp_path):

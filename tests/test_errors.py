@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import attnkit as ak
+import attnkit.generation
 
 q = torch.randn(2, 4, 5, 8)
 k = torch.randn(2, 4, 6, 8)
@@ -97,5 +98,41 @@ MODEL_CASES = [
     ("name", "call", "error", "message"), MODEL_CASES, ids=[c[0] for c in MODEL_CASES]
 )
 def test_bad_model_input_raises_a_clear_error(name, call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# --------------------------------------------------------------------------------------------
+# Generation: every option and the request itself are checked before a token is made
+# --------------------------------------------------------------------------------------------
+
+gen_cfg = ak.ModelConfig.preset("tiny", vocab_size=50, max_len=8)
+gen_lm = ak.DecoderLM(gen_cfg)
+gen_mt = ak.Transformer(gen_cfg.replace(position="sinusoidal"))
+prompt = torch.tensor([[5, 6, 7]])
+
+GENERATION_CASES = [
+    ("no new tokens", lambda: gen_lm.generate(prompt, 0), ValueError, "max_new_tokens must be a positive int, got 0"),
+    ("bool tokens", lambda: gen_lm.generate(prompt, True), ValueError, "max_new_tokens"),
+    ("temperature", lambda: gen_lm.generate(prompt, 2, do_sample=True, temperature=0), ValueError, "temperature must be > 0"),
+    ("top_k", lambda: gen_lm.generate(prompt, 2, do_sample=True, top_k=0), ValueError, "top_k must be a positive int"),
+    ("top_p", lambda: gen_lm.generate(prompt, 2, do_sample=True, top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+    ("beams", lambda: gen_lm.generate(prompt, 2, num_beams=0), ValueError, "num_beams must be a positive int"),
+    ("beams and sampling", lambda: gen_lm.generate(prompt, 2, num_beams=2, do_sample=True), ValueError, "cannot be combined with do_sample"),
+    ("eos id", lambda: gen_lm.generate(prompt, 2, eos_id=50), ValueError, r"eos_id must be a token id in \[0, 50\)"),
+    ("1-d prompt", lambda: gen_lm.generate(torch.tensor([5, 6]), 2), ValueError, r"\(B, N\)"),
+    ("id too large", lambda: gen_lm.generate(torch.tensor([[5, 60]]), 2), ValueError, "token id 60"),
+    ("too long", lambda: gen_lm.generate(prompt, 6), ValueError, "lower max_new_tokens to at most 5"),
+    ("too long target", lambda: gen_mt.generate(prompt, 8), ValueError, "lower max_new_tokens to at most 7"),
+    ("prompt mask", lambda: gen_lm.generate(prompt, 2, attention_mask=torch.ones(1, 2, dtype=torch.bool)), ValueError, "attention_mask"),
+    ("not a generator", lambda: ak.generation.generate(enc, ids, 2), TypeError, "generate needs a DecoderLM or a Transformer"),
+    ("unknown option", lambda: gen_lm.generate(prompt, 2, beams=2), TypeError, "beams"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "error", "message"), GENERATION_CASES, ids=[c[0] for c in GENERATION_CASES]
+)
+def test_bad_generation_requests_raise_a_clear_error(name, call, error, message):
     with pytest.raises(error, match=message):
         call()

@@ -28,6 +28,7 @@ from attnkit.explain import (
     plot_scaling,
     plot_schedule,
     plot_sinusoidal_table,
+    plots,
     render_attention_html,
     scaling,
     scaling_experiment,
@@ -175,6 +176,7 @@ def test_heads_and_masks_are_written(tmp_path):
     assert causal.read_bytes() != both.read_bytes()
 
 
+@pytest.mark.needs("cjk-font")
 def test_chinese_tokens_render_with_a_cjk_font(tmp_path):
     if fonts.cjk_font() is None:  # make test installs it; only a user without root lacks it
         if os.environ.get("CI"):
@@ -208,10 +210,22 @@ def test_without_a_cjk_font_one_warning_and_still_a_picture(tmp_path, monkeypatc
         plot_attention_heatmap(softmax_rows(2, 2), ["a", "b"], ["a", "b"], tmp_path / "ab.png")
 
 
-def test_awkward_tokens_are_drawn_as_text(tmp_path):
+def test_awkward_tokens_are_drawn_as_text(tmp_path, monkeypatch):
+    """Each token's label is the token itself (whitespace made visible, a long one cut), and
+    none is parsed as mathtext: "$x^2$" is drawn as the five characters, not as x squared."""
     tokens = ["$x^2$", "a$b", "", " ", "\n", HOSTILE, "x" * 80]
+    figures = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(
+        plots, "save_figure", lambda fig, *a: figures.append(fig) or real_save(fig, *a)
+    )
     path = plot_attention_heatmap(softmax_rows(7, 7), tokens, tokens, tmp_path / "odd.png")
     png_size(path)
+    ((ax, *_),) = [figure.axes for figure in figures]
+    expected = ["$x^2$", "a$b", "∅", "␣", "␣", HOSTILE[:15] + "…", "x" * 15 + "…"]
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        assert [label.get_text() for label in labels] == expected
+        assert not any(label.get_parse_math() for label in labels)
 
 
 def test_plot_inputs_are_checked(tmp_path):

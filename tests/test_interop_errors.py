@@ -1,11 +1,10 @@
 """Bad Hugging Face directories: each is a clear ValueError / FileNotFoundError naming the file
 and the problem, never a crash or a silently wrong model. And nothing in attnkit unpickles."""
 
-import io
+import ast
 import json
 import re
 import struct
-import tokenize
 from pathlib import Path
 
 import pytest
@@ -274,32 +273,63 @@ def test_the_cli_reports_a_bad_directory_in_one_line(tmp_path, llama_dir, capsys
 UNPICKLERS = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "joblib", "marshal", "shelve"}
 
 
+TORCH_LOADS = {"torch.load", "torch.serialization.load"}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
 def _unpickling_calls(path: Path) -> list[str]:
-    """Code (not comments or strings) that may unpickle: a pickle-like module named anywhere,
-    ``allow_pickle=True``, or a ``torch.load(...)`` call without ``weights_only=True``."""
-    tokens = [
-        t
-        for t in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
-        if t.type in (tokenize.NAME, tokenize.OP)
-    ]
-    found = []
-    for i, tok in enumerate(tokens):
-        where = f"{path.name}:{tok.start[0]}"
-        if tok.type == tokenize.NAME and tok.string in UNPICKLERS:
-            found.append(f"{where}: {tok.string}")
-        if [t.string for t in tokens[i : i + 3]] == ["allow_pickle", "=", "True"]:
-            found.append(f"{where}: allow_pickle=True")
-        if [t.string for t in tokens[i : i + 4]] == ["torch", ".", "load", "("]:
-            depth, j, args = 0, i + 3, []
-            while j < len(tokens):
-                depth += {"(": 1, ")": -1}.get(tokens[j].string, 0)
-                args.append(tokens[j].string)
-                if depth == 0:
-                    break
-                j += 1
-            if "weights_only=True" not in "".join(args):
-                found.append(f"{where}: torch.load without weights_only=True")
-    return found
+    """Code (not comments or strings) that may unpickle, found in the syntax tree: an import of
+    a pickle-like module (or of anything from one), a name or attribute that says pickle
+    (``pd.read_pickle``), ``allow_pickle=True``, or a call of ``torch.load`` under any name
+    (``torch.load``, ``torch.serialization.load``, ``from torch import load as f``...) without
+    ``weights_only=True``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases: dict[str, str] = {}  # local name -> what it was imported as
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in UNPICKLERS:
+                    found.append((node.lineno, alias.name))
+                local = alias.asname or alias.name.split(".")[0]
+                aliases[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[0] in UNPICKLERS:
+                found.append((node.lineno, module))
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and "pickle" in node.attr.lower():
+            found.append((node.lineno, node.attr))
+        if isinstance(node, ast.Name) and node.id in UNPICKLERS:
+            found.append((node.lineno, node.id))
+        if not isinstance(node, ast.Call):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        if _is_true(keywords.get("allow_pickle")):
+            found.append((node.lineno, "allow_pickle=True"))
+        name = _dotted(node.func)
+        if name is not None:
+            head, _, rest = name.partition(".")
+            name = ".".join(filter(None, [aliases.get(head, head), rest]))
+        if name in TORCH_LOADS and not _is_true(keywords.get("weights_only")):
+            found.append((node.lineno, "torch.load without weights_only=True"))
+    return [f"{path.name}:{line}: {what}" for line, what in sorted(found)]
+
+
+def _is_true(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
 
 
 def test_nothing_in_attnkit_unpickles():
@@ -323,4 +353,24 @@ def test_the_unpickling_scan_finds_what_it_should(tmp_path):
         "torch.load without weights_only=True",
         "torch.load without weights_only=True",
         "allow_pickle=True",
+    ]
+    # what a token scan for "torch.load(" misses: other names for the same function
+    renamed = tmp_path / "renamed.py"
+    renamed.write_text(
+        "from torch import load\n"
+        "import torch.serialization\n"
+        "from torch.serialization import load as restore\n"
+        "import dill as d\n"
+        "a = load(f)\n"
+        "b = torch.serialization.load(f)\n"
+        "c = restore(f, weights_only=False)\n"
+        "e = pd.read_pickle(f)\n"
+        "ok = load(f, weights_only=True)\n"
+    )
+    assert [hit.split(": ", 1)[1] for hit in _unpickling_calls(renamed)] == [
+        "dill",
+        "torch.load without weights_only=True",
+        "torch.load without weights_only=True",
+        "torch.load without weights_only=True",
+        "read_pickle",
     ]

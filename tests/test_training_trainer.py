@@ -6,10 +6,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
+from safetensors import safe_open
 
 import attnkit as ak
 from attnkit.data import CharTokenizer
@@ -82,7 +82,24 @@ def assert_same_run(a, b):
         b.state.epoch,
         b.state.batch_in_epoch,
     )
-    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+    # the torch RNG state (dropout) each run saved with its last checkpoint
+    assert a.state.torch_rng and a.state.torch_rng == b.state.torch_rng
+
+
+def assert_json_or_safetensors(path):
+    """``path`` is a JSON document, or a safetensors file: an 8-byte little-endian header
+    length, a JSON header of dtypes, shapes and offsets, then exactly the bytes it describes."""
+    data = path.read_bytes()
+    if path.suffix == ".json":
+        json.loads(data.decode("utf-8"))
+        return
+    assert path.suffix == ".safetensors", f"{path.name}: neither JSON nor safetensors"
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size].decode("utf-8"))
+    spans = [t["data_offsets"] for name, t in header.items() if name != "__metadata__"]
+    assert spans and max(end for _, end in spans) == len(data) - 8 - size, path.name
+    with safe_open(path, "pt") as f:  # and the safetensors library reads it back
+        assert set(f.keys()) == set(header) - {"__metadata__"}
 
 
 def losses(run_dir):
@@ -144,8 +161,8 @@ def test_the_checkpoint_is_a_model_directory_and_stores_no_pickle(tmp_path):
         assert torch.equal(p, q), name
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert state["step"] == 14 and state["torch_rng"] and state["task"]["name"] == "lm"
-    for path in ckpt.iterdir():
-        assert b"\x80\x04\x95" not in path.read_bytes()[:64]  # no pickle protocol header
+    for path in ckpt.iterdir():  # every file is JSON or safetensors, nothing else (no pickle)
+        assert_json_or_safetensors(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,13 +204,23 @@ def test_a_kill_between_the_two_renames_is_repaired(tmp_path):
 
 KILLED_WRITER = textwrap.dedent(
     """
-    import sys, torch, attnkit as ak
+    import sys, time, torch, attnkit as ak
     from attnkit.training import TrainerState, save_checkpoint
+    from attnkit.training import checkpoint
     torch.set_num_threads(1)
     model = ak.DecoderLM(ak.ModelConfig.preset("tiny", d_model=128, n_layers=4, d_ff=512))
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.tensor([[5, 6, 7]])).sum().backward()
     optimizer.step()
+    real_save_file = checkpoint.save_file
+
+    def save_file(*args, **kwargs):  # the optimizer's tensors, after the model's files
+        if step == 4:  # the fourth checkpoint stops half-written, and says so
+            print("mid-write", flush=True)
+            time.sleep(600)
+        return real_save_file(*args, **kwargs)
+
+    checkpoint.save_file = save_file
     step = 0
     while True:
         step += 1
@@ -204,22 +231,26 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
-def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path):
-    """The child does nothing but write checkpoints, so a kill lands in the middle of one."""
+def test_sigkill_during_a_write_never_leaves_a_broken_checkpoint(tmp_path):
+    """The child writes three checkpoints and stops in the middle of the fourth (the model's
+    files written, the optimizer's not); the kill lands there, every time."""
     ckpt = tmp_path / "run" / "checkpoint"
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, str(ckpt)], stdout=subprocess.PIPE, text=True
     )
-    for _ in range(3):
-        proc.stdout.readline()  # three complete checkpoints
-    time.sleep(0.007)
-    proc.kill()
-    proc.wait()
+    try:
+        lines = [proc.stdout.readline().strip() for _ in range(4)]
+        assert lines == ["1", "2", "3", "mid-write"]
+        unfinished = [p for p in ckpt.parent.iterdir() if p.name.startswith(".checkpoint.tmp-")]
+        assert len(unfinished) == 1 and (unfinished[0] / "model.safetensors").is_file()
+    finally:
+        proc.kill()
+        proc.wait()
     found = find_checkpoint(tmp_path / "run")
     assert found == ckpt
     model = ak.DecoderLM(ak.ModelConfig.preset("tiny", d_model=128, n_layers=4, d_ff=512))
     optimizer = torch.optim.AdamW(model.parameters())
-    assert load_checkpoint(found, model=model, optimizer=optimizer).step >= 3
+    assert load_checkpoint(found, model=model, optimizer=optimizer).step == 3
     assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint"]
 
 
@@ -262,9 +293,12 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, signu
     assert_same_run(straight, resumed)
 
 
-class NaNAt:
-    def __init__(self, task, at):
-        self.task, self.at, self.calls = task, at, 0
+class BadAt:
+    """The task, with a non-finite loss, or a non-finite gradient of the first parameter, at
+    its ``at``-th loss."""
+
+    def __init__(self, task, at, what, value):
+        self.task, self.at, self.what, self.value, self.calls = task, at, what, value, 0
 
     def __getattr__(self, name):
         return getattr(self.task, name)
@@ -272,12 +306,33 @@ class NaNAt:
     def loss(self, model, batch, *, smoothing=0.0):
         self.calls += 1
         loss, count = self.task.loss(model, batch, smoothing=smoothing)
-        return (loss * float("nan") if self.calls == self.at else loss), count
+        if self.calls == self.at and self.what == "loss":
+            loss = loss * self.value
+        elif self.calls == self.at:  # the loss stays finite; one gradient does not
+
+            def poison(grad):  # once
+                handle.remove()
+                return torch.full_like(grad, self.value)
+
+            handle = next(model.parameters()).register_hook(poison)
+        return loss, count
 
 
-def test_a_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
-    trainer = make_trainer(tmp_path / "run", lambda task: NaNAt(task, 7))
-    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 7 .*checkpoint.*step 4"):
+@pytest.mark.parametrize(
+    ("what", "value", "message"),
+    [
+        ("loss", float("nan"), "the loss is nan"),
+        ("loss", float("inf"), "the loss is inf"),
+        ("gradient", float("nan"), "the gradient norm is nan"),
+        ("gradient", float("inf"), "the gradient norm is inf"),
+    ],
+    ids=["nan-loss", "inf-loss", "nan-gradient", "inf-gradient"],
+)
+def test_a_non_finite_loss_or_gradient_stops_before_the_update_and_keeps_the_checkpoint(
+    tmp_path, what, value, message
+):
+    trainer = make_trainer(tmp_path / "run", lambda task: BadAt(task, 7, what, value))
+    with pytest.raises(TrainingDiverged, match=rf"{message} at step 7 .*checkpoint.*step 4"):
         trainer.fit()
     ckpt = tmp_path / "run" / "checkpoint"
     assert read_trainer_state(ckpt).step == 4
@@ -288,6 +343,13 @@ def test_a_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoin
         reference.model.state_dict().items(), loaded.state_dict().items(), strict=True
     ):
         assert torch.equal(p, q), name
+    six = make_trainer(tmp_path / "six")
+    six.fit(until=6)  # the bad step 7 changed nothing: the weights are those after step 6
+    for (name, p), (_, q) in zip(
+        six.model.state_dict().items(), trainer.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    assert trainer.state.step == 6
 
 
 def test_trainer_config_errors_name_the_key():
