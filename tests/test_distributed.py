@@ -3,6 +3,7 @@ FSDP give the same losses and parameters as one process with the same global bat
 without gradient accumulation, with clipping active), checkpoints that resume across world
 sizes and strategies, and a job that stops (instead of hanging) when a rank dies."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -277,13 +278,14 @@ def test_mixture_of_experts_trains_under_both_strategies(tmp_path):
         assert max(abs(one[s] - two[s]) for s in one) < 1e-3, strategy
 
 
-@pytest.mark.needs("shakespeare")
-def test_a_dead_rank_stops_the_job(tmp_path):
-    out = tmp_path / "run"
+@contextlib.contextmanager
+def long_run(out, *options):
+    """A 2-process torchrun of a very long run, yielded once it has logged two steps; killed
+    (its whole session) if it is still running when the block ends."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node", "2", "-m", "attnkit.train", SHAKESPEARE, "--out", str(out)]
     launcher = subprocess.Popen(
-        [*command, "--quiet", *tiny(100000, **{"train.log_every": 1})],
+        [*command, *options, *tiny(100000, **{"train.log_every": 1})],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -297,16 +299,22 @@ def test_a_dead_rank_stops_the_job(tmp_path):
             assert launcher.poll() is None, launcher.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "training did not start"
             time.sleep(0.2)
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+@pytest.mark.needs("shakespeare")
+def test_a_dead_rank_stops_the_job(tmp_path):
+    with long_run(tmp_path / "run", "--quiet") as launcher:
         children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
         assert len(children) == 2
         os.kill(int(children[-1]), signal.SIGKILL)  # one worker dies mid-run
         _, stderr = launcher.communicate(timeout=60)  # the launcher must not hang
         assert launcher.returncode != 0
         assert "attnkit.train FAILED" in stderr or "ChildFailedError" in stderr, stderr[-3000:]
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
 
 
 def _worker_of_rank(launcher_pid: int, rank: int) -> int:
@@ -326,29 +334,9 @@ def test_a_signal_to_one_worker_stops_every_worker_after_the_same_step(tmp_path,
     ranks finish the same step; rank 0 saves that step's checkpoint, and the job ends (a rank
     that stopped one step early or late would leave the other waiting in a collective)."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", "-m", "attnkit.train", SHAKESPEARE, "--out", str(out)]
-    launcher = subprocess.Popen(
-        [*command, *tiny(100000, **{"train.log_every": 1})],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        metrics = out / "metrics.jsonl"
-        deadline = time.monotonic() + 60
-        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
-            assert launcher.poll() is None, launcher.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
+    with long_run(out) as launcher:
         os.kill(_worker_of_rank(launcher.pid, 1), signum)
         stdout, stderr = launcher.communicate(timeout=90)  # every worker stops: no hang
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
     stopped = [line for line in stdout.splitlines() if ": stopped at step" in line]
     assert len(stopped) == 1, stdout[-3000:]  # rank 0 alone reports
     step = int(stopped[0].split(": stopped at step")[1].split()[0].strip(",;:"))

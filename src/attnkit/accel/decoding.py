@@ -8,26 +8,21 @@ than over the (out, in) layout (Hugging Face's GPT-2 stores its weights as (in, 
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 from torch import nn
 
+from attnkit.accel.switch import Switch
+
 __all__ = ["decoding_layout", "decoding_layouts"]
 
-_state = {"enabled": os.environ.get("ATTNKIT_DECODING_LAYOUT", "1") != "0"}
+_switch = Switch("ATTNKIT_DECODING_LAYOUT")
 
 
-@contextmanager
 def decoding_layouts(enabled: bool):
     """Turn :func:`decoding_layout` on or off inside a ``with`` block (benchmarks and tests
     compare both). The default is on; ``ATTNKIT_DECODING_LAYOUT=0`` turns it off."""
-    before = _state["enabled"]
-    _state["enabled"] = bool(enabled)
-    try:
-        yield
-    finally:
-        _state["enabled"] = before
+    return _switch(enabled)
 
 
 @contextmanager
@@ -38,7 +33,7 @@ def decoding_layout(module: nn.Module):
     The layout is changed in place, one weight at a time (no second copy of the model), and
     restored when the block ends; the weights must not be trained or saved inside it.
     """
-    if not _state["enabled"]:
+    if not _switch.on:
         yield
         return
     weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}

@@ -14,7 +14,6 @@ Strict float32 throughout. The oneDNN path differentiates once (no second deriva
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 import torch
@@ -22,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
+
+from attnkit.accel.switch import Switch
 
 __all__ = [
     "linear",
@@ -35,7 +36,7 @@ __all__ = [
 # Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
 # its matrix-vector kernel beats oneDNN's per-call set-up.
 _MIN_ROWS = 8
-_state = {"enabled": os.environ.get("ATTNKIT_ONEDNN_LINEAR", "1") != "0"}
+_switch = Switch("ATTNKIT_ONEDNN_LINEAR")
 
 
 def onednn_linear_available() -> bool:
@@ -43,16 +44,10 @@ def onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-@contextmanager
 def onednn_linear(enabled: bool):
     """Turn the oneDNN path on or off inside a ``with`` block (benchmarks and tests compare
     both). The default is on; ``ATTNKIT_ONEDNN_LINEAR=0`` turns it off."""
-    before = _state["enabled"]
-    _state["enabled"] = bool(enabled)
-    try:
-        yield
-    finally:
-        _state["enabled"] = before
+    return _switch(enabled)
 
 
 def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -95,7 +90,7 @@ class _OneDNNLinear(torch.autograd.Function):
 def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether oneDNN takes this product (see the module docstring)."""
     return (
-        _state["enabled"]
+        _switch.on
         and x.dtype == weight.dtype == torch.float32
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
@@ -139,7 +134,7 @@ class _Products(TorchFunctionMode):
 @contextmanager
 def onednn_products():
     """Inside the block, float32 ``F.linear`` calls on the CPU go through oneDNN (see above)."""
-    if not (_state["enabled"] and onednn_linear_available()):
+    if not (_switch.on and onednn_linear_available()):
         yield
         return
     with _Products():
