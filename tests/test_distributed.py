@@ -302,6 +302,11 @@ def long_run(out, *options):
         yield launcher
     finally:
         if launcher.poll() is None:
+            # a hung job: kill its workers too (torchrun starts them in groups of their own)
+            children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+            for pid in map(int, children.read_text().split() if children.exists() else []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
 
