@@ -10,13 +10,20 @@ left as it was.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_directory", "atomic_path", "atomic_write_bytes", "atomic_write_text"]
+__all__ = [
+    "atomic_directory",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "read_json",
+]
 
 
 def _destination(path: str | os.PathLike[str], owner: str) -> Path:
@@ -97,3 +104,16 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``; FileNotFoundError / ValueError naming the file otherwise."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data

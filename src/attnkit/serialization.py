@@ -26,7 +26,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.files import atomic_directory
+from attnkit.files import atomic_directory, read_json
 
 __all__ = [
     "CONFIG_FILE",
@@ -90,13 +90,7 @@ def read_config(path: Path) -> dict[str, Any]:
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{path}: no {CONFIG_FILE} (not a model directory)")
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json(config_path)
 
 
 def load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:

@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from attnkit.interop.hf_config import read_json
+from attnkit.files import read_json
 
 __all__ = ["INDEX_FILE", "WEIGHTS_FILE", "Tensors", "read_hf_weights", "read_safetensors"]
 

@@ -13,11 +13,12 @@ refusal. Every error names the file, the field, the value found and what was exp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GENERIC_DEFAULTS", "NEUTRAL_FIELDS", "HFConfig", "read_json"]
+from attnkit.files import read_json
+
+__all__ = ["GENERIC_DEFAULTS", "NEUTRAL_FIELDS", "HFConfig"]
 
 _MISSING: Any = object()
 
@@ -92,19 +93,6 @@ GENERIC_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "tie_encoder_decoder": (False,),
     "cross_attention_hidden_size": (None,),
 }
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; FileNotFoundError / ValueError naming the file otherwise."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _describe(value: Any) -> str:

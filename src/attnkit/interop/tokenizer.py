@@ -31,7 +31,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from attnkit.interop.hf_config import read_json
+from attnkit.files import read_json
 
 __all__ = [
     "PretrainedTokenizer",
