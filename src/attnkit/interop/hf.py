@@ -8,6 +8,9 @@ the weights in safetensors, one file or shards (see :mod:`attnkit.interop.checkp
     bert         BertForSequenceClassification                 EncoderClassifier
     gpt2         GPT2LMHeadModel, GPT2Model                     DecoderLM
     llama        LlamaForCausalLM, LlamaModel                   DecoderLM
+    roberta      RobertaModel, RobertaForMaskedLM                EncoderModel
+    xlm-roberta  XLMRobertaModel, XLMRobertaForMaskedLM          EncoderModel
+    (either)     ...ForSequenceClassification                  EncoderClassifier
 
 Every field of ``config.json`` is read with its type checked, fields attnkit cannot represent
 are refused by name, and so are fields it does not know (see :mod:`attnkit.interop.hf_config`).
@@ -28,6 +31,7 @@ from attnkit.interop.checkpoint import Tensors, read_hf_weights
 from attnkit.interop.gpt2 import load_gpt2
 from attnkit.interop.hf_config import HFConfig
 from attnkit.interop.llama import load_llama
+from attnkit.interop.roberta import load_roberta
 
 __all__ = ["ARCHITECTURES", "load_hf_directory"]
 
@@ -38,8 +42,16 @@ ARCHITECTURES: dict[str, Callable[[HFConfig, Tensors], nn.Module]] = {
     "bert": load_bert,
     "gpt2": load_gpt2,
     "llama": load_llama,
+    "roberta": load_roberta,
+    "xlm-roberta": load_roberta,
 }
-_PREFIXES = {"Bert": "bert", "GPT2": "gpt2", "Llama": "llama"}
+_PREFIXES = {
+    "Bert": "bert",
+    "GPT2": "gpt2",
+    "Llama": "llama",
+    "Roberta": "roberta",
+    "XLMRoberta": "xlm-roberta",
+}
 
 
 def _model_type(hf: HFConfig) -> str:

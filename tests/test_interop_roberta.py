@@ -1,0 +1,106 @@
+"""RoBERTa and XLM-RoBERTa directories loaded by attnkit against the same directories loaded by
+transformers (small random configurations): hidden states on a right-padded batch, the pooler,
+sequence-classification logits, and the masked-LM checkpoint read as its encoder."""
+
+import pytest
+import torch
+import transformers
+
+import attnkit as ak
+
+ATOL = 1e-4
+
+ROBERTA = dict(
+    vocab_size=99,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=20,  # 2 rows before the first token: attnkit's max_len is 18
+    type_vocab_size=1,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    attn_implementation="eager",
+)
+# <s> ... </s>, right-padded with <pad> = 1, as RoBERTa's tokenizers pad
+IDS = torch.tensor([[0, 5, 6, 7, 8, 2, 1, 1], [0, 9, 10, 11, 12, 13, 14, 2]])
+MASK = IDS != 1
+FAMILIES = {
+    "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
+    "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),
+}
+
+
+def _randomize(model, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(std=0.2 if p.dim() > 1 else 0.05)
+            if "norm" in name.lower() and name.endswith("weight"):
+                p.add_(1.0)
+    return model.eval()
+
+
+def _max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_hidden_states_and_pooler_match_on_a_right_padded_batch(tmp_path, family):
+    config_class, model_class = FAMILIES[family]
+    ref = _randomize(model_class(config_class(**ROBERTA)))
+    ref.save_pretrained(tmp_path / family, safe_serialization=True)
+    ours = ak.from_pretrained(tmp_path / family)
+    assert type(ours) is ak.EncoderModel and ours.cfg.max_len == 18 and ours.cfg.pooler
+    assert ours.cfg.norm_eps == ref.config.layer_norm_eps and ours.cfg.pad_id == 1
+    with torch.no_grad():
+        expected = ref(IDS, attention_mask=MASK.long())
+        hidden = ours(IDS, MASK)
+    assert _max_diff(hidden[MASK], expected.last_hidden_state[MASK]) < ATOL
+    assert _max_diff(ours.pool(hidden), expected.pooler_output) < ATOL
+    # the longest input attnkit takes is the longest Hugging Face takes: 20 - 2 positions
+    long = torch.full((1, 18), 7)
+    with torch.no_grad():
+        assert _max_diff(ours(long), ref(long).last_hidden_state) < ATOL
+
+
+@pytest.mark.parametrize(
+    "classes",
+    [
+        transformers.RobertaForSequenceClassification,
+        transformers.XLMRobertaForSequenceClassification,
+    ],
+)
+def test_sequence_classification_gives_the_same_logits(tmp_path, classes):
+    config_class = transformers.RobertaConfig
+    if classes is transformers.XLMRobertaForSequenceClassification:
+        config_class = transformers.XLMRobertaConfig
+    ref = _randomize(classes(config_class(**ROBERTA, num_labels=3)))
+    ref.save_pretrained(tmp_path / "cls", safe_serialization=True)
+    ours = ak.from_pretrained(tmp_path / "cls")
+    assert type(ours) is ak.EncoderClassifier and ours.classifier.out_features == 3
+    with torch.no_grad():
+        expected = ref(IDS, attention_mask=MASK.long()).logits
+        logits = ours(IDS, MASK)
+    assert _max_diff(logits, expected) < ATOL
+
+
+def test_masked_lm_loads_as_its_encoder(tmp_path):
+    ref = _randomize(transformers.RobertaForMaskedLM(transformers.RobertaConfig(**ROBERTA)))
+    ref.save_pretrained(tmp_path / "mlm", safe_serialization=True)
+    ours = ak.from_pretrained(tmp_path / "mlm")
+    with torch.no_grad():
+        expected = ref.roberta(IDS, attention_mask=MASK.long()).last_hidden_state
+        hidden = ours(IDS, MASK)
+    assert type(ours) is ak.EncoderModel and not ours.cfg.pooler
+    assert _max_diff(hidden[MASK], expected[MASK]) < ATOL
+
+
+def test_a_position_table_too_short_for_the_padding_offset_is_refused(tmp_path):
+    ref = transformers.RobertaModel(
+        transformers.RobertaConfig(**{**ROBERTA, "max_position_embeddings": 2})
+    )
+    ref.save_pretrained(tmp_path / "short", safe_serialization=True)
+    with pytest.raises(ValueError, match="leaves no positions after pad_token_id=1"):
+        ak.from_pretrained(tmp_path / "short")
