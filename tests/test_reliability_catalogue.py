@@ -91,11 +91,21 @@ CASES = [
     # evaluate
     (["evaluate", "{d}/missing"], 2, "CHECKPOINT: {d}/missing is not a directory"),
     (["evaluate", "{d}/file.txt"], 2, "is not a directory"),
-    (["evaluate", "{d}/dec"], 2, "not a training checkpoint"),
+    (["evaluate", "{d}/dec"], 2, "has no trainer_state.json or recipe.json"),
     (["evaluate", "{d}/dec", "--recipe", "{d}/missing.toml"], 2, "no such recipe file"),
     (["evaluate", "{d}/dec", "--recipe", "{d}/latin1.toml"], 2, "not a valid TOML file"),
     (["evaluate", "{d}/dec", "--batch-size", "0"], 2, "--batch-size: must be a positive"),
     (["evaluate", "{d}/dec", "--split", "bogus"], 2, "argument --split: invalid choice"),
+    # translate, average, tune-length-penalty
+    (["translate", "{d}/dec", "hi"], 2, "translate needs an encoder-decoder model"),
+    (["translate", "{d}/dec", "hi", ""], 2, "SENTENCE 2: empty"),
+    (["translate", "{d}/dec", "hi", "--length-penalty", "-1"], 2, "--length-penalty: must be"),
+    (["average", "{d}/missing", "--out", "{d}/avg"], 2, "neither a model directory"),
+    (["average", "{d}/dec", "{d}/enc", "--out", "{d}/avg"], 2, "another architecture"),
+    (["average", "{d}/dec", "--last", "0", "--out", "{d}/avg"], 2, "--last: must be a positive"),
+    (["average", "{d}/dec", "{d}/dec", "--out", "{d}/file.txt/avg"], 2, "cannot write"),
+    (["tune-length-penalty", "{d}/dec"], 2, "has no trainer_state.json or recipe.json"),
+    (["tune-length-penalty", "{d}/dec", "--beam", "1"], 2, "only matters for beam search"),
     # embed
     (["embed", "--model", "{d}/missing", "hi"], 2, "--model: {d}/missing: no such file"),
     (["embed", "--model", "{d}/enc"], 2, "give one or more sentences"),

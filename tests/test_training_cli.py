@@ -139,7 +139,7 @@ def test_evaluate_usage_errors(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
     ak.DecoderLM(ak.ModelConfig.preset("tiny")).save_pretrained(tmp_path / "plain")
     assert main(["evaluate", str(tmp_path / "plain")]) == 2
-    assert "not a training checkpoint" in capsys.readouterr().err
+    assert "has no trainer_state.json or recipe.json" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "plain"), "--max-batches", "0"]) == 2
 
 

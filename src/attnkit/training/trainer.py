@@ -53,6 +53,7 @@ from attnkit.training.checkpoint import (
     CheckpointError,
     TrainerState,
     find_checkpoint,
+    keep_snapshot,
     load_checkpoint,
     read_optimizer_state,
     read_trainer_state,
@@ -235,6 +236,15 @@ class Trainer:
                 state=self.state,
                 tokenizer=self.tokenizer,
             )
+            if self.config.keep_checkpoints:
+                keep_snapshot(
+                    self.run_dir,
+                    self.model,
+                    self.state.step,
+                    self.config.keep_checkpoints,
+                    tokenizer=self.tokenizer,
+                    recipe=self.state.recipe,
+                )
         self._barrier()
         self._saved_step = self.state.step
         return self.checkpoint_dir

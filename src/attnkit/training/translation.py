@@ -33,13 +33,39 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.data import pad_batch
+from attnkit.files import atomic_write_text
 from attnkit.models import shift_right
 from attnkit.training.losses import label_smoothed_cross_entropy
 from attnkit.training.tasks import Batch, ExampleTask
 
-__all__ = ["TranslationTask", "corpus_scores", "translate", "write_translations"]
+__all__ = [
+    "DECODING_FILE",
+    "LENGTH_PENALTIES",
+    "TranslationTask",
+    "choose_length_penalty",
+    "corpus_scores",
+    "read_decoding",
+    "score_signatures",
+    "translate",
+    "write_decoding",
+    "write_translations",
+]
 
 Pair = tuple[str, str]
+# A translator's decoding settings, kept in its model directory: {"num_beams", "length_penalty"}.
+DECODING_FILE = "decoding.json"
+DEFAULT_DECODING = {"num_beams": 4, "length_penalty": 1.0}
+LENGTH_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)  # what choose_length_penalty tries by default
+
+
+def score_signatures() -> dict[str, str]:
+    """sacrebleu's signatures of the scores :func:`corpus_scores` computes (one reference,
+    tokeniser, smoothing, case, version): quote them with any BLEU or chrF figure."""
+    signatures = {}
+    for name, metric in (("bleu", sacrebleu.BLEU()), ("chrf", sacrebleu.CHRF())):
+        metric.corpus_score(["-"], [["-"]])  # a signature exists once the reference count does
+        signatures[name] = str(metric.get_signature())
+    return signatures
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
@@ -133,19 +159,24 @@ class TranslationTask(ExampleTask):
         self.ids: dict[str, list[tuple[list[int], list[int]]]] = {}
         self.dropped = 0
         for split, items in pairs.items():
-            encoded, kept = [], []
-            for source, target in items:
-                src = tokenizer.encode(source, add_eos=True)
-                tgt = tokenizer.encode(target, add_eos=True)
-                if split == "train" and max(len(src), len(tgt)) > max_len:
-                    self.dropped += 1
-                    continue
-                encoded.append((src[:max_len], tgt[:max_len]))
-                kept.append((source, target))
-            if not encoded:
-                raise ValueError(f"TranslationTask: the {split} split has no pairs")
-            self.texts[split], self.ids[split] = kept, encoded
+            self.add_split(split, items)
         self.lengths = [max(len(s), len(t)) for s, t in self.ids["train"]]
+
+    def add_split(self, split: str, pairs: Sequence[Pair]) -> None:
+        """Encode ``pairs`` as ``split`` (e.g. an out-of-domain test set). Training pairs with
+        a side longer than ``max_len`` tokens are left out; held-out ones are cut to it."""
+        encoded, kept = [], []
+        for source, target in pairs:
+            src = self.tokenizer.encode(source, add_eos=True)
+            tgt = self.tokenizer.encode(target, add_eos=True)
+            if split == "train" and max(len(src), len(tgt)) > self.max_len:
+                self.dropped += 1
+                continue
+            encoded.append((src[: self.max_len], tgt[: self.max_len]))
+            kept.append((source, target))
+        if not encoded:
+            raise ValueError(f"TranslationTask: the {split} split has no pairs")
+        self.texts[split], self.ids[split] = kept, encoded
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -257,6 +288,73 @@ class TranslationTask(ExampleTask):
         source = prompt.strip() or self.texts["validation"][0][0]
         (translation,) = translate(model, tokenizer, [source], max_len=self.max_len)
         return f"{source}\n-> {translation}"
+
+
+def read_decoding(directory: str | Path) -> dict[str, Any]:
+    """A model directory's decoding settings: ``{"num_beams": k, "length_penalty": a, ...}``
+    from its decoding.json (written by :func:`write_decoding`), else the defaults (4, 1.0)."""
+    path = Path(directory) / DECODING_FILE
+    if not path.is_file():
+        return dict(DEFAULT_DECODING)
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(settings).__name__}")
+    beams, penalty = settings.get("num_beams"), settings.get("length_penalty")
+    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+        raise ValueError(f"{path}: num_beams must be an int >= 1, got {beams!r}")
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or penalty < 0:
+        raise ValueError(f"{path}: length_penalty must be a number >= 0, got {penalty!r}")
+    return settings
+
+
+def write_decoding(directory: str | Path, settings: dict[str, Any]) -> Path:
+    """Record decoding settings (``num_beams``, ``length_penalty`` and how they were chosen) in
+    ``directory/decoding.json``; ``translate`` and ``evaluate`` use them by default."""
+    path = Path(directory) / DECODING_FILE
+    atomic_write_text(path, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def choose_length_penalty(
+    model: nn.Module,
+    task: TranslationTask,
+    *,
+    split: str = "validation",
+    num_beams: int = 4,
+    candidates: Sequence[float] = LENGTH_PENALTIES,
+    batch_size: int = 64,
+    progress=None,
+) -> tuple[float, dict[float, dict[str, float]]]:
+    """The length penalty (of ``candidates``) whose beam search scores the best corpus BLEU on
+    ``split`` (never the test split: the choice is part of the model). Returns ``(best,
+    {penalty: {"bleu": ..., "chrf": ...}})``; a tie goes to the penalty listed first.
+    ``progress(penalty, scores)`` is called after each candidate."""
+    if split == "test":
+        raise ValueError("choose_length_penalty: split='test'; choose on validation data")
+    if not candidates:
+        raise ValueError("choose_length_penalty: no candidates")
+    chosen = task.held_out(split)
+    sources = [task.texts[split][i][0] for i in chosen]
+    references = [task.texts[split][i][1] for i in chosen]
+    scores: dict[float, dict[str, float]] = {}
+    for penalty in candidates:
+        hypotheses = translate(
+            model,
+            task.tokenizer,
+            sources,
+            num_beams=num_beams,
+            length_penalty=penalty,
+            batch_size=batch_size,
+            max_len=task.max_len,
+        )
+        scores[penalty] = corpus_scores(hypotheses, references)
+        if progress is not None:
+            progress(penalty, scores[penalty])
+    best = max(candidates, key=lambda penalty: scores[penalty]["bleu"])
+    return best, scores
 
 
 def write_translations(path: Path, outputs: dict[str, dict[str, list[str]]]) -> None:
