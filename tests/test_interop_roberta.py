@@ -7,6 +7,7 @@ import torch
 import transformers
 
 import attnkit as ak
+from test_interop_hf import _max_diff, _randomize
 
 ATOL = 1e-4
 
@@ -30,20 +31,6 @@ FAMILIES = {
     "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
     "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),
 }
-
-
-def _randomize(model, seed=0):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(std=0.2 if p.dim() > 1 else 0.05)
-            if "norm" in name.lower() and name.endswith("weight"):
-                p.add_(1.0)
-    return model.eval()
-
-
-def _max_diff(a, b):
-    return (a - b).abs().max().item()
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -37,7 +37,7 @@ from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import EncoderClassifier, EncoderModel
 
-__all__ = ["bert_config_from_hf", "bert_state_dict", "load_bert"]
+__all__ = ["bert_config_from_hf", "bert_state_dict", "encoder_model", "load_bert"]
 
 # hidden_act -> (attnkit activation, GELU approximation)
 _ACTIVATIONS = {
@@ -166,8 +166,15 @@ def load_bert(hf: HFConfig, tensors: Tensors) -> nn.Module:
     num_classes = _num_labels(hf) if classifier else 0
     cfg = bert_config_from_hf(hf, pooler=classifier or "pooler.dense.weight" in tensors)
     hf.check_unknown()
-    state = bert_state_dict(cfg, tensors)
-    if classifier:
+    return encoder_model(cfg, bert_state_dict(cfg, tensors), tensors, num_classes)
+
+
+def encoder_model(
+    cfg: ModelConfig, state: dict[str, Tensor], tensors: Tensors, num_classes: int
+) -> nn.Module:
+    """The EncoderModel holding ``state`` or, with ``num_classes``, the EncoderClassifier that
+    also takes ``classifier.weight`` / ``.bias`` from ``tensors``; every tensor must be used."""
+    if num_classes:
         model: nn.Module = EncoderClassifier(cfg, num_classes, pooling="cls")
         state = {f"encoder.{k}": v for k, v in state.items()}
         state["classifier.weight"] = tensors.take("classifier.weight", (num_classes, cfg.d_model))

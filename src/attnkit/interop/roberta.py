@@ -21,10 +21,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from attnkit.interop.bert import _num_labels, bert_config_from_hf, bert_state_dict
+from attnkit.interop.bert import (
+    _num_labels,
+    bert_config_from_hf,
+    bert_state_dict,
+    encoder_model,
+)
 from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
-from attnkit.models import EncoderClassifier, EncoderModel
 
 __all__ = ["load_roberta"]
 
@@ -72,13 +76,4 @@ def load_roberta(hf: HFConfig, tensors: Tensors) -> nn.Module:
     positions = "embeddings.positions.embedding.weight"
     state[positions] = state[positions][first:].contiguous()
     cfg = table.replace(max_len=table.max_len - first, extra={"source": "roberta"})
-    if classifier:
-        model: nn.Module = EncoderClassifier(cfg, num_classes, pooling="cls")
-        state = {f"encoder.{k}": v for k, v in state.items()}
-        state["classifier.weight"] = tensors.take("classifier.weight", (num_classes, cfg.d_model))
-        state["classifier.bias"] = tensors.take("classifier.bias", (num_classes,))
-    else:
-        model = EncoderModel(cfg)
-    tensors.check_all_used()
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return encoder_model(cfg, state, tensors, num_classes)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.data import pad_batch
-from attnkit.files import atomic_write_text
+from attnkit.files import atomic_write_text, read_json
 from attnkit.models import shift_right
 from attnkit.training.losses import label_smoothed_cross_entropy
 from attnkit.training.tasks import Batch, ExampleTask
@@ -296,12 +296,7 @@ def read_decoding(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / DECODING_FILE
     if not path.is_file():
         return dict(DEFAULT_DECODING)
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(settings, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(settings).__name__}")
+    settings = read_json(path)
     beams, penalty = settings.get("num_beams"), settings.get("length_penalty")
     if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
         raise ValueError(f"{path}: num_beams must be an int >= 1, got {beams!r}")
