@@ -60,11 +60,7 @@ def _load_gguf(path: Path) -> nn.Module:
 
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
 LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
-    (
-        "Hugging Face directories (bert, roberta, xlm-roberta, gpt2, llama)",
-        is_hf_directory,
-        _load_hf,
-    ),
+    ("Hugging Face directories (bert, roberta, gpt2, llama)", is_hf_directory, _load_hf),
     ("GGUF files (llama)", is_gguf_file, _load_gguf),
 ]
 
