@@ -204,7 +204,8 @@ BERT_CONFIGS = [
     (
         {"model_type": "t5"},
         r"model type 't5' is not supported; "
-        r"attnkit reads Hugging Face directories of \['bert', 'gpt2', 'llama'\]",
+        r"attnkit reads Hugging Face directories of "
+        r"\['bert', 'gpt2', 'llama', 'roberta', 'xlm-roberta'\]",
     ),
 ]
 
