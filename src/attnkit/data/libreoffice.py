@@ -10,7 +10,7 @@ many languages. Every language's copy of a page keeps the English page's element
 
 so the paragraphs (``par_id...``) and headings (``hd_id...``) align by (page, id), with no
 alignment model. The pages come in Debian's ``libreoffice-help-en-us``, ``libreoffice-help-de``
-and ``libreoffice-help-zh-cn`` (about 3.4 MB each). Installing them would pull in all of
+and ``libreoffice-help-zh-cn`` (1.8 to 3.4 MB each). Installing them would pull in all of
 LibreOffice, so ``make data`` only unpacks them (``apt-get download`` + ``dpkg -x``, no root
 needed) into ``data/libreoffice/`` in the repository.
 
