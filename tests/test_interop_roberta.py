@@ -1,6 +1,7 @@
 """RoBERTa and XLM-RoBERTa directories loaded by attnkit against the same directories loaded by
 transformers (small random configurations): hidden states on a right-padded batch, the pooler,
-sequence-classification logits, and the masked-LM checkpoint read as its encoder."""
+sequence-classification logits, the masked-LM checkpoint read as its encoder, and a
+SentencePiece-style tokenizer.json read as transformers reads it."""
 
 import pytest
 import torch
@@ -91,3 +92,42 @@ def test_a_position_table_too_short_for_the_padding_offset_is_refused(tmp_path):
     ref.save_pretrained(tmp_path / "short", safe_serialization=True)
     with pytest.raises(ValueError, match="leaves no positions after pad_token_id=1"):
         ak.from_pretrained(tmp_path / "short")
+
+
+def _sentencepiece_tokenizer(path):
+    """A tiny XLM-R-style tokenizer.json: Unigram pieces with "▁" for spaces, <s> ... </s>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    pieces = ["▁the", "▁cat", "▁sat", "▁on", "▁a", "▁mat", "▁", "s", "t", "a", "c", "m"]
+    vocab = [(s, 0.0) for s in specials] + [(p, -1.0 - i / 10) for i, p in enumerate(pieces)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=3))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tok.add_special_tokens(specials)
+    tok.save(str(path / "tokenizer.json"))
+
+
+def test_the_sentencepiece_tokenizer_json_comes_with_the_model(tmp_path):
+    """The directory's tokenizer.json gives the ids transformers' tokenizer gives, with <s>,
+    </s> and <pad> where RoBERTa puts them, and the model reads them as Hugging Face's does."""
+    ref = _randomize(transformers.XLMRobertaModel(transformers.XLMRobertaConfig(**ROBERTA)))
+    ref.save_pretrained(tmp_path / "xlmr", safe_serialization=True)
+    _sentencepiece_tokenizer(tmp_path / "xlmr")
+    tok = ak.interop.load_tokenizer_for(tmp_path / "xlmr")
+    assert (tok.bos_id, tok.pad_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+    ids = tok.encode("the cats sat on a mat")
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "xlmr" / "tokenizer.json")
+    )
+    assert ids == reference("the cats sat on a mat")["input_ids"]
+    assert ids[0] == 0 and ids[-1] == 2 and len(ids) == 9  # "▁cat" + "s"
+    assert tok.decode(ids) == "the cats sat on a mat"
+    model = ak.from_pretrained(tmp_path / "xlmr")
+    with torch.no_grad():
+        assert (
+            _max_diff(model(torch.tensor([ids])), ref(torch.tensor([ids])).last_hidden_state) < ATOL
+        )
