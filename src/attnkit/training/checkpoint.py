@@ -167,9 +167,12 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | dict[str, Any],
     state: TrainerState,
     tokenizer=None,
+    keep_snapshots: int = 0,
 ) -> Path:
     """Write the checkpoint directory atomically (see the module docstring); return its path.
-    ``optimizer`` is the optimizer or its ``state_dict()`` (what a sharded run gathers).
+    ``optimizer`` is the optimizer or its ``state_dict()`` (what a sharded run gathers). With
+    ``keep_snapshots = N`` the model also goes to ``checkpoints/step-<step>`` beside it, of
+    which the last N are kept (:func:`keep_snapshot`).
 
     The model part is written by :func:`attnkit.serialization.write_pretrained`, so it is
     byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
@@ -181,6 +184,11 @@ def save_checkpoint(
         save_file(tensors, str(tmp / OPTIMIZER_TENSORS))
         (tmp / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         (tmp / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
+    if keep_snapshots:
+        run_dir = Path(directory).parent
+        keep_snapshot(
+            run_dir, model, state.step, keep_snapshots, tokenizer=tokenizer, recipe=state.recipe
+        )
     return Path(directory)
 
 

@@ -53,7 +53,6 @@ from attnkit.training.checkpoint import (
     CheckpointError,
     TrainerState,
     find_checkpoint,
-    keep_snapshot,
     load_checkpoint,
     read_optimizer_state,
     read_trainer_state,
@@ -235,16 +234,8 @@ class Trainer:
                 optimizer=optimizer,
                 state=self.state,
                 tokenizer=self.tokenizer,
+                keep_snapshots=self.config.keep_checkpoints,
             )
-            if self.config.keep_checkpoints:
-                keep_snapshot(
-                    self.run_dir,
-                    self.model,
-                    self.state.step,
-                    self.config.keep_checkpoints,
-                    tokenizer=self.tokenizer,
-                    recipe=self.state.recipe,
-                )
         self._barrier()
         self._saved_step = self.state.step
         return self.checkpoint_dir
@@ -294,15 +285,14 @@ class Trainer:
         return self._stop_agreed if self.dist.enabled else self._stop_signal is not None
 
     def _diverged(self, what: str, value: float) -> TrainingDiverged:
-        state = self.state
         kept = (
             f"the last good checkpoint is {self.checkpoint_dir} (step {self._saved_step})"
             if self._saved_step is not None
             else "no checkpoint was written yet"
         )
         return TrainingDiverged(
-            f"{what} is {value} at step {state.step + 1} (epoch {state.epoch}, batch "
-            f"{state.batch_in_epoch}); the update was not applied and {kept}. Lower train.lr "
+            f"{what} is {value} at step {self.state.step + 1} (epoch {self.state.epoch}, batch "
+            f"{self.state.batch_in_epoch}); the update was not applied and {kept}. Lower train.lr "
             "or raise train.warmup / train.clip, then --resume"
         )
 
