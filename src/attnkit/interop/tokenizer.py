@@ -53,18 +53,21 @@ _KNOWN = {
     "mask": ("[MASK]", "<mask>"),
 }
 
-_GPT2_SPLIT = None  # tokenizers' ByteLevel(use_regex=True) is GPT-2's own split
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre -> the regex that splits text into words before BPE
-PRE_TOKENIZERS = {
-    "default": _GPT2_SPLIT,
-    "gpt2": _GPT2_SPLIT,
-    "llama-bpe": _LLAMA3_SPLIT,
-    "llama3": _LLAMA3_SPLIT,
-    "llama-v3": _LLAMA3_SPLIT,
+# tokenizer.ggml.pre -> (the regexes that split text into words before BPE, one after the
+# other, as llama.cpp's llama-vocab.cpp lists them; whether whole words skip the merges).
+# None: tokenizers' ByteLevel(use_regex=True), which is GPT-2's own split.
+PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...] | None, bool]] = {
+    "default": (None, False),
+    "gpt2": (None, False),
+    "llama-bpe": ((_LLAMA3_SPLIT,), True),
+    "llama3": ((_LLAMA3_SPLIT,), True),
+    "llama-v3": ((_LLAMA3_SPLIT,), True),
+    "smollm": ((r"\p{N}", _GPT2_REGEX), False),  # every digit alone, then GPT-2's split
 }
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -307,16 +310,14 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
             )
         if merges is None:
             raise ValueError(f"{source}: a 'gpt2' tokenizer needs tokenizer.ggml.merges")
-        tokenizer = HFTokenizer(
-            models.BPE(vocab=vocab, merges=merges, ignore_merges=PRE_TOKENIZERS[pre] is not None)
-        )
-        split = PRE_TOKENIZERS[pre]
-        if split is None:
+        splits, ignore_merges = PRE_TOKENIZERS[pre]
+        tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
+        if splits is None:
             tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         else:
             tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
                 [
-                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits),
                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
                 ]
             )
