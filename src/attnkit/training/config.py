@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ class TrainConfig:
     threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
     sample_tokens: int = 200  # tokens of text to generate at the end (0: none)
     sample_prompt: str = ""
+    # fine-tuning (model.init): parameters kept as loaded, and the pretrained tensors' lr factor
+    freeze: list[str] = field(default_factory=list)  # e.g. ["embeddings", "layers.0-5"]
+    pretrained_lr_scale: float = 1.0  # loaded tensors train at lr x this; new ones at lr
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +95,13 @@ class TrainConfig:
             raise ValueError(
                 f"train.label_smoothing must be in [0, 1) or None, got {self.label_smoothing!r}"
             )
+        if not isinstance(self.freeze, list) or not all(
+            isinstance(p, str) and p for p in self.freeze
+        ):
+            raise ValueError(f"train.freeze must be a list of names, got {self.freeze!r}")
+        scale = self.pretrained_lr_scale
+        if not _is_number(scale) or not scale > 0:
+            raise ValueError(f"train.pretrained_lr_scale must be a number > 0, got {scale!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule == "noam" and self.warmup < 1:
@@ -148,18 +159,29 @@ def train_config_fields() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
-def make_optimizer(config: TrainConfig, model: nn.Module) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW; weight decay on matrices (dim >= 2) only, never on biases or norm gains.
-    Also returns the parameter names in the optimizer's order (group after group)."""
-    decay, no_decay = [], []
+def make_optimizer(
+    config: TrainConfig, model: nn.Module, pretrained: Collection[str] = ()
+) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW over the parameters that need a gradient; weight decay on matrices (dim >= 2)
+    only, never on biases or norm gains. The parameters named in ``pretrained`` (loaded by
+    model.init) form groups of their own whose ``lr_scale`` is ``config.pretrained_lr_scale``
+    (the trainer sets each group's lr to the schedule's times it). Also returns the parameter
+    names in the optimizer's order (group after group)."""
+    kinds: dict[tuple[bool, float], list[tuple[str, nn.Parameter]]] = {}
     for name, param in model.named_parameters():  # a tied weight comes once
         if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append((name, param))
+            scale = config.pretrained_lr_scale if name in pretrained else 1.0
+            kinds.setdefault((param.dim() >= 2, scale), []).append((name, param))
+    order = sorted(kinds, key=lambda kind: (not kind[0], -kind[1]))  # decay first, as before
     groups = [
-        {"params": [p for _, p in decay], "weight_decay": config.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+        {
+            "params": [p for _, p in kinds[kind]],
+            "weight_decay": config.weight_decay if kind[0] else 0.0,
+            "lr_scale": kind[1],
+        }
+        for kind in order
     ]
     optimizer = torch.optim.AdamW(
         groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps
     )
-    return optimizer, [name for name, _ in decay + no_decay]
+    return optimizer, [name for kind in order for name, _ in kinds[kind]]

@@ -18,6 +18,8 @@
     d_model = 256                  # vocab_size comes from the tokenizer; max_len defaults
     n_layers = 4                   # to block_size; classification also takes
                                    # pooling = "cls" | "mean"
+    # init = "PATH"                # fine-tune: start from these weights and their tokenizer
+                                   # (then only pooling and dropout; see finetune.py)
 
     [train]                        # TrainConfig: steps, batch_size, lr, schedule, precision...
     steps = 5000
@@ -61,6 +63,7 @@ from attnkit.data import (
 from attnkit.models import DecoderLM, EncoderClassifier, Transformer
 from attnkit.training.classification import ClassificationTask
 from attnkit.training.config import TrainConfig
+from attnkit.training.finetune import InitReport, check_init_recipe, init_model
 from attnkit.training.tasks import LanguageModelTask, Task
 from attnkit.training.translation import TranslationTask
 
@@ -71,6 +74,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "build_model",
+    "build_pretrained_model",
     "build_task",
     "load_recipe",
     "out_of_domain_pairs",
@@ -175,7 +179,7 @@ def _schema() -> dict[str, dict[str, Any]]:
     return {
         "": {"name": str, "task": str},
         "data": _hints(DataConfig),
-        "model": {"preset": str, "pooling": str, **model},
+        "model": {"preset": str, "pooling": str, "init": str, **model},
         "train": _hints(TrainConfig),
     }
 
@@ -205,6 +209,9 @@ def _check_value(key: str, value: Any, hint: Any, source: str) -> Any:
         return value
     elif typing.get_origin(hint) is dict and isinstance(value, dict):
         return value
+    elif typing.get_origin(hint) is list and isinstance(value, list):
+        (item,) = typing.get_args(hint)
+        return [_check_value(f"{key}[{i}]", v, item, source) for i, v in enumerate(value)]
     raise RecipeError(
         f"{source}: {key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})"
     )
@@ -302,6 +309,8 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
             raise RecipeError(f"{path}: [{section}] must be a table")
         target[name] = value
     recipe = _recipe_from_dict(raw, str(path))
+    if recipe.model.get("init"):  # the architecture comes from the weights (finetune.py)
+        return recipe
     try:
         build_config(recipe, vocab_size=8)  # the [model] keys together make a valid config
     except (TypeError, ValueError) as error:
@@ -414,7 +423,9 @@ def build_task(recipe: Recipe, tokenizer=None) -> tuple[Task, Any]:
             if split == "test" and len(stream) <= data.block_size:
                 continue  # a tiny corpus may have no test split to speak of; it is not needed
             streams[split] = stream
-        task = LanguageModelTask(streams, data.block_size, seed=seed, pad_id=tokenizer.pad_id)
+        # a pretrained tokenizer's pad id may be a real token (GPT-2 pads with <|endoftext|>)
+        pad = -100 if recipe.model.get("init") else tokenizer.pad_id
+        task = LanguageModelTask(streams, data.block_size, seed=seed, pad_id=pad)
         return task, tokenizer
     examples = _load_examples(data)
     if recipe.task == "translation":
@@ -431,7 +442,7 @@ def build_task(recipe: Recipe, tokenizer=None) -> tuple[Task, Any]:
 def build_config(recipe: Recipe, vocab_size: int) -> ModelConfig:
     """The ModelConfig: the preset (if any), the [model] keys, the tokenizer's vocabulary
     size and, unless given, ``max_len = data.block_size``."""
-    values = {k: v for k, v in recipe.model.items() if k not in ("preset", "pooling")}
+    values = {k: v for k, v in recipe.model.items() if k not in ("preset", "pooling", "init")}
     values["vocab_size"] = vocab_size
     values.setdefault("max_len", recipe.data.block_size)
     if "preset" in recipe.model:
@@ -457,3 +468,14 @@ def build_model(recipe: Recipe, vocab_size: int) -> nn.Module:
         pooling = recipe.model.get("pooling", "cls")
         return EncoderClassifier(cfg, len(REVIEW_LABELS), pooling=pooling, labels=REVIEW_LABELS)
     return DecoderLM(cfg)
+
+
+def build_pretrained_model(
+    recipe: Recipe, source: nn.Module, name: str, tokenizer
+) -> tuple[nn.Module, InitReport]:
+    """The model of the recipe's task started from ``source`` (what ``model.init`` names,
+    loaded) and the report of what was loaded, created and dropped. A recipe that does not
+    fit the weights is a ValueError naming the key."""
+    check_init_recipe(recipe, source.cfg, tokenizer, name)
+    labels = REVIEW_LABELS if recipe.task == "classification" else ()
+    return init_model(recipe, source, name, labels)

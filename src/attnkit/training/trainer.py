@@ -40,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,12 @@ from attnkit.training.distributed import (
     split_batch,
     wrap_model,
 )
+from attnkit.training.finetune import freeze
 from attnkit.training.metrics import MetricsLog, format_time, plot_loss_curve
 from attnkit.training.schedules import make_schedule
 from attnkit.training.tasks import Task
 
 __all__ = ["PRECISIONS", "TrainConfig", "TrainResult", "Trainer", "TrainingDiverged"]
-
-# TrainConfig and the step's context live in training/config.py; re-exported here.
 
 METRICS_FILE, LOSS_CURVE_FILE, SAMPLE_FILE = "metrics.jsonl", "loss_curve.png", "sample.txt"
 
@@ -96,7 +96,8 @@ class Trainer:
     ``run_dir`` gets ``checkpoint/`` (a model directory that also resumes the run),
     ``metrics.jsonl``, ``loss_curve.png`` and ``sample.txt``. ``tokenizer`` and ``recipe`` (a
     JSON-able dict) are stored with each checkpoint. Call :meth:`resume` first to continue a
-    run, then :meth:`fit`.
+    run, then :meth:`fit`. ``config.freeze`` turns off gradients by name; ``pretrained``
+    names the loaded parameters that train at ``lr x config.pretrained_lr_scale``.
 
     Under torchrun the trainer joins the process group itself and trains data-parallel;
     ``strategy`` is "ddp" (DistributedDataParallel: every rank holds the whole model) or
@@ -122,6 +123,7 @@ class Trainer:
         recipe: dict[str, Any] | None = None,
         quiet: bool = False,
         strategy: str = "ddp",
+        pretrained: Collection[str] = (),
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"Trainer: config must be a TrainConfig, got {type(config).__name__}")
@@ -133,6 +135,7 @@ class Trainer:
         self.tokenizer, self.quiet = tokenizer, quiet or not self.dist.is_main
         self.strategy = strategy
         self.sharded = self.dist.enabled and strategy == "fsdp"
+        self.frozen = freeze(model, config.freeze)  # before the optimizer sees the parameters
         accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
         if config.batch_size < self.dist.world * config.accumulate:
             raise ValueError(
@@ -145,12 +148,10 @@ class Trainer:
         self.device = next(self.model.parameters()).device
         # The optimizer steps the parameters the training forward uses (sharded under FSDP).
         self.optimizer, self._param_names = make_optimizer(
-            config, self.train_model if self.sharded else self.model
+            config, self.train_model if self.sharded else self.model, pretrained
         )
-        smoothing = config.label_smoothing
-        cfg = getattr(model, "cfg", None)
-        if smoothing is None:
-            smoothing = getattr(cfg, "label_smoothing", 0.0)
+        cfg, smoothing = getattr(model, "cfg", None), config.label_smoothing
+        smoothing = getattr(cfg, "label_smoothing", 0.0) if smoothing is None else smoothing
         self.smoothing = float(smoothing)
         self.schedule = make_schedule(
             config.schedule,
@@ -165,7 +166,7 @@ class Trainer:
         self._saved_step: int | None = None
         self._stop_signal: int | None = None
         self._stop_agreed = False
-        self._bar = None
+        self._bar, self._lr = None, 0.0
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -304,9 +305,9 @@ class Trainer:
         batch = self.task.train_batch(state.epoch, state.batch_in_epoch, config.batch_size)
         n_tokens = self.task.batch_tokens(batch)  # of the global batch
         batch = shard_batch(batch, self.dist.rank, self.dist.world)  # this rank's rows
-        lr = self.schedule(state.step + 1)
+        lr = self._lr = self.schedule(state.step + 1)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         parts = split_batch(batch, config.accumulate)
         loss_sum, count = 0.0, 0
         for i, part in enumerate(parts):
@@ -392,9 +393,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         stop_at = config.steps if until is None else min(until, config.steps)
         self._stop_signal, self._stop_agreed = None, False
-        self.model.train()
-        self.train_model.train()
-
+        self.model.train(), self.train_model.train()
         interactive = sys.stderr.isatty() and not self.quiet
         self._bar = tqdm(
             total=config.steps,
@@ -431,7 +430,7 @@ class Trainer:
                                 "step": state.step,
                                 "epoch": state.epoch,
                                 "loss": mean,
-                                "lr": self.optimizer.param_groups[0]["lr"],
+                                "lr": self._lr,
                                 "tokens_per_s": round(rate, 1),
                                 "elapsed_s": round(state.elapsed_s, 2),
                             }
@@ -442,7 +441,7 @@ class Trainer:
                             eta = format_time(per_step * (stop_at - state.step))
                             self._say(
                                 f"step {state.step}/{config.steps}  loss {mean:.4f}  "
-                                f"lr {self.optimizer.param_groups[0]['lr']:.2e}  "
+                                f"lr {self._lr:.2e}  "
                                 f"{rate:,.0f} tok/s  elapsed {format_time(state.elapsed_s)}  "
                                 f"eta {eta}"
                             )
