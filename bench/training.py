@@ -39,6 +39,8 @@ import argparse
 import contextlib
 import json
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -484,9 +486,24 @@ def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def cpu_description() -> str:
+    """The processor as lscpu names it: model name, family and model (from /proc/cpuinfo), so
+    figures from different CPUs are never read as if they were comparable."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        name += f", family {fields['cpu family']}, model {fields.get('model', '?')}"
+    return f"{name}, {os.cpu_count()} CPU(s)"
+
+
 def print_report(results: dict) -> None:
+    print(f"\nCPU: {results.get('cpu', 'not recorded')}")
     print(
-        f"\ntraining throughput, {results['threads']} threads, median of {results['repeats']} "
+        f"training throughput, {results['threads']} threads, median of {results['repeats']} "
         f"interleaved steps, AdamW {results['adamw']}"
     )
     if "lm" in results:
@@ -532,6 +549,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = run(args.suite.split(","), args.repeats, args.warmup, args.adamw)
+    results["cpu"] = cpu_description()
     print_report(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
