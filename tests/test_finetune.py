@@ -29,6 +29,19 @@ from attnkit.training.recipes import (
     load_recipe,
 )
 
+_TRAIN = """[train]
+steps = {steps}
+batch_size = {batch}
+lr = {lr}
+schedule = "constant"
+warmup = 0
+eval_every = 100
+eval_batches = 1
+checkpoint_every = 100
+log_every = 1
+sample_tokens = 0
+{train}
+"""
 CLASSIFY = """
 name = "ft"
 task = "classification"
@@ -39,19 +52,7 @@ max_examples = 48
 [model]
 init = "{init}"
 {model}
-[train]
-steps = {steps}
-batch_size = 16
-lr = {lr}
-schedule = "constant"
-warmup = 0
-eval_every = 100
-eval_batches = 1
-checkpoint_every = 100
-log_every = 1
-sample_tokens = 0
-{train}
-"""
+""" + _TRAIN.replace("{batch}", "16")
 LM = """
 name = "ft-lm"
 task = "lm"
@@ -61,19 +62,7 @@ max_chars = 6000
 block_size = 32
 [model]
 init = "{init}"
-[train]
-steps = {steps}
-batch_size = 4
-lr = {lr}
-schedule = "constant"
-warmup = 0
-eval_every = 100
-eval_batches = 1
-checkpoint_every = 100
-log_every = 1
-sample_tokens = 0
-{train}
-"""
+""" + _TRAIN.replace("{batch}", "4")
 
 
 def _recipe(tmp_path, template, *, init, steps=6, lr=1e-4, model="", train="", name="r"):
