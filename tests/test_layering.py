@@ -24,6 +24,7 @@ ORDER = [
     {"generation"},  # decoding algorithms, written against the models' small interface
     {"models"},  # the three families
     {"interop", "training", "explain"},  # foreign formats in; training; explanations
+    {"serve"},  # the HTTP server, its engine and its page
     {"__init__"},  # the package's public face: import attnkit as ak
     {"cli"},  # the attnkit command
     {"train"},  # python -m attnkit.train (torchrun's entry point)

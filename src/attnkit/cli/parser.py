@@ -12,6 +12,7 @@ from attnkit.cli.embed import _cmd_embed
 from attnkit.cli.explain import _cmd_explain
 from attnkit.cli.generate import _cmd_generate
 from attnkit.cli.models import _cmd_models
+from attnkit.cli.serving import _add_serving_commands
 from attnkit.cli.training_parser import _add_training_commands
 from attnkit.cli.viz import _cmd_viz
 
@@ -240,4 +241,5 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.set_defaults(handler=_cmd_embed)
     _add_training_commands(commands)
+    _add_serving_commands(commands)
     return parser

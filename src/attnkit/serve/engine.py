@@ -1,0 +1,344 @@
+"""One decoding loop for every request: continuous batching over a shared KV cache.
+
+Served one after another, each request's decoding step is a matrix-vector product per layer,
+which leaves most of a CPU's arithmetic idle. The engine instead keeps the requests that are
+being answered as the rows of one batch and advances them all with one step of the model::
+
+    step:   tokens (B, 1) ──► DecoderLM with the batch's KV cache ──► logits (B, V)
+    rows:   request a  ░░░░▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓  (left padding ░, its tokens ▓)
+            request b  ▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓
+            request c  ░░░░░░░░░░░░▓▓▓▓▓▓▓▓▓▓  joined later: its prompt was run alone, then
+                                               its keys and values were copied in, right-aligned
+
+Requests join and leave between steps. A joining request's prompt is run on its own (the
+prefill), and its cache is laid into the batch's cache so that every row ends at the same
+column; the rows are left-padded, and the attention mask and the position ids (counted over
+each row's real tokens) make the padding invisible. A request that finishes (EOS, a stop
+string, ``max_tokens``) or whose client went away leaves: its row is dropped, and columns that
+are padding in every remaining row are cut off.
+
+Everything that touches the model runs on the engine's one thread; requests come in through
+:meth:`Engine.submit` from any thread and their results go out through the ``sink`` each
+request brings (a callback that receives event dicts).
+
+A request with ``attention=True`` (the live attention page) runs alone, with the attention
+weights of every layer and head recorded for each token it produces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from attnkit.caches import KVCache
+from attnkit.generation import _eval_mode, _lm_step, sample_next
+from attnkit.serve.chat import TextStream
+from attnkit.stacks import DecoderCache
+
+__all__ = ["Engine", "Request"]
+
+Sink = Callable[[dict], None]
+
+
+@dataclass
+class Request:
+    """What to generate. ``temperature`` 0 is greedy decoding."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    attention: bool = False
+
+
+class Job:
+    """A request being answered: its state on the engine's thread."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, request: Request, sink: Sink, tokenizer) -> None:
+        self.id = f"{next(self._ids)}-{int(time.time() * 1000) % 10**9}"
+        self.request, self.sink = request, sink
+        self.text = TextStream(tokenizer, request.stop)
+        self.generated: list[int] = []
+        self.cancelled = threading.Event()
+        self.generator = None
+        if request.temperature > 0:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(
+                request.seed if request.seed is not None else torch.seed() % 2**63
+            )
+        self.weights: list[Tensor] = []  # attention=True: (layers, heads, positions) per token
+
+    def cancel(self) -> None:
+        """The client went away: the row is dropped at the next step."""
+        self.cancelled.set()
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_tokens - len(self.generated)
+
+
+class Engine:
+    """Serves generation requests for one decoder-only model on a background thread.
+
+    ``max_batch`` requests are decoded together; more wait in line. Models whose caches are
+    not plain KV caches (window or linear attention) are served one request at a time.
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch: int = 8, keep_attention: int = 8) -> None:
+        if getattr(model, "family", None) != "decoder-only":
+            raise TypeError(
+                f"the server needs a decoder-only language model, got {type(model).__name__}"
+            )
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.context = model.cfg.max_len
+        probe = model.new_cache(1, 1)
+        self.max_batch = max_batch if all(isinstance(c, KVCache) for c in probe.self_attn) else 1
+        eos = (model.cfg.eos_id, getattr(tokenizer, "eos_id", None))
+        self.eos_ids = {i for i in eos if i is not None}
+        self.waiting: queue.Queue[Job] = queue.Queue()
+        self.jobs: list[Job] = []  # the batch's rows, in order
+        self.cache: DecoderCache | None = None
+        self.mask: Tensor | None = None  # (B, L) True on real tokens
+        self.recordings: OrderedDict[str, dict] = OrderedDict()
+        self.keep_attention = keep_attention
+        self.steps = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="attnkit-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------------------------------
+    # The public side (any thread)
+    # ---------------------------------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Refuse what cannot be answered, with a one-line ValueError."""
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {request.max_tokens!r}")
+        if n + request.max_tokens > self.context:
+            raise ValueError(
+                f"max_tokens={request.max_tokens} does not fit: the prompt has {n} tokens and "
+                f"the model's context is {self.context}, so at most {self.context - n} new "
+                "tokens fit"
+                if n < self.context
+                else f"the prompt has {n} tokens; the model's context is {self.context}"
+            )
+
+    def submit(self, request: Request, sink: Sink) -> Job:
+        """Queue a request; ``sink`` receives its events on the engine's thread:
+        ``{"type": "token", "id", "text"}`` per token, then ``{"type": "done",
+        "finish_reason", "prompt_tokens", "completion_tokens", "text"}`` (or ``{"type":
+        "error", "message"}``)."""
+        self.check(request)
+        job = Job(request, sink, self.tokenizer)
+        self.waiting.put(job)
+        return job
+
+    def stats(self) -> dict:
+        """Rows being decoded, requests waiting, and the batched steps taken so far."""
+        return {"running": len(self.jobs), "waiting": self.waiting.qsize(), "steps": self.steps}
+
+    def recording(self, job_id: str) -> dict | None:
+        """The attention recorded for a request made with ``attention=True``."""
+        return self.recordings.get(job_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    # ---------------------------------------------------------------------------------------
+    # The engine's thread
+    # ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.no_grad(), _eval_mode(self.model):
+            while not self._stop.is_set():
+                try:
+                    self._admit()
+                    if self.jobs:
+                        self._step()
+                except Exception as error:  # a bug must not take the server down
+                    for job in self.jobs:
+                        job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
+                    self.jobs, self.cache, self.mask = [], None, None
+
+    def _admit(self) -> None:
+        """Take waiting requests into the batch (wait for one when the batch is empty)."""
+        while len(self.jobs) < self.max_batch:
+            try:
+                job = self.waiting.get(timeout=0.05) if not self.jobs else self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if job.cancelled.is_set():
+                continue
+            if job.request.attention:
+                self._run_alone(job)
+                continue
+            self._prefill(job)
+
+    def _prefill(self, job: Job) -> None:
+        ids = torch.tensor([job.request.prompt_ids])  # (1, P)
+        cache = self.model.new_cache(1, ids.shape[1])
+        try:
+            logits = _lm_step(self.model, ids, None, cache)  # (1, V)
+        except Exception as error:
+            job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
+            return
+        token = self._choose(job, logits[0])
+        if self._emit(job, token):
+            return
+        mask = torch.ones(1, ids.shape[1], dtype=torch.bool)
+        self._join(job, cache, mask, token)
+
+    def _step(self) -> None:
+        keep = [i for i, job in enumerate(self.jobs) if not job.cancelled.is_set()]
+        if len(keep) < len(self.jobs):
+            self._keep(keep)
+            if not self.jobs:
+                return
+        b = len(self.jobs)
+        tokens = torch.tensor([[job.generated[-1]] for job in self.jobs])  # (B, 1)
+        self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=torch.bool)], dim=1)
+        logits = _lm_step(self.model, tokens, self.mask, self.cache)  # (B, V)
+        self.steps += 1
+        done = [
+            i for i, job in enumerate(self.jobs) if self._emit(job, self._choose(job, logits[i]))
+        ]
+        if done:
+            self._keep([i for i in range(b) if i not in done])
+
+    def _choose(self, job: Job, logits: Tensor) -> int:
+        r = job.request
+        if r.temperature == 0:
+            return int(logits.argmax())
+        top_p = r.top_p if r.top_p < 1 else None
+        return int(
+            sample_next(
+                logits[None], temperature=r.temperature, top_p=top_p, generator=job.generator
+            )[0]
+        )
+
+    def _emit(self, job: Job, token: int) -> bool:
+        """Hand the token to the client; return True when the request is finished."""
+        if job.cancelled.is_set():
+            return True
+        finish = None
+        if token in self.eos_ids:
+            finish = "stop"
+        else:
+            job.generated.append(token)
+            job.sink({"type": "token", "id": token, "text": job.text.push(token)})
+            if job.text.stopped:
+                finish = "stop"
+            elif job.remaining == 0:
+                finish = "length"
+        if finish is None:
+            return False
+        rest = job.text.flush()
+        if rest:
+            job.sink({"type": "token", "id": None, "text": rest})
+        ended_on_eos = token in self.eos_ids
+        job.sink(
+            {
+                "type": "done",
+                "finish_reason": finish,
+                "prompt_tokens": len(job.request.prompt_ids),
+                "completion_tokens": len(job.generated) + ended_on_eos,  # EOS counts, as usual
+                "text": job.text.text,
+                "id": job.id,
+            }
+        )
+        return True
+
+    # ---------------------------------------------------------------------------------------
+    # The batch's cache: rows join (right-aligned) and leave
+    # ---------------------------------------------------------------------------------------
+
+    def _join(self, job: Job, cache: DecoderCache, mask: Tensor, token: int) -> None:
+        if not self.jobs:
+            parts = [(cache, mask, None, 0)]
+        else:
+            parts = [(self.cache, self.mask, None, 0), (cache, mask, None, 0)]
+        self.jobs.append(job)
+        self._assemble(parts)
+
+    def _keep(self, rows: list[int]) -> None:
+        """Keep batch rows ``rows``; cut the columns that are padding in all of them."""
+        self.jobs = [self.jobs[i] for i in rows]
+        if not rows:
+            self.cache, self.mask = None, None
+            return
+        index = torch.tensor(rows)
+        mask = self.mask.index_select(0, index)
+        start = int(mask.any(0).int().argmax())  # the first column some row uses
+        self._assemble([(self.cache, mask[:, start:], index, start)])
+
+    def _assemble(self, parts) -> None:
+        """Build the batch's cache from ``parts`` = [(cache, mask (b, L), rows, first
+        column)], each right-aligned to the longest, with room for every row's remaining
+        tokens."""
+        length = max(mask.shape[1] for _, mask, _, _ in parts)
+        room = length + max(job.remaining for job in self.jobs) + 1
+        b = sum(mask.shape[0] for _, mask, _, _ in parts)
+        first = parts[0][0].self_attn[0]
+        dtype, device = first.k.dtype, first.k.device
+        new = self.model.new_cache(b, room, dtype=dtype, device=device)
+        self.mask = torch.zeros(b, length, dtype=torch.bool)
+        row = 0
+        for cache, mask, rows, start in parts:
+            n, width = mask.shape
+            at = length - width
+            self.mask[row : row + n, at:] = mask
+            for old, out in zip(cache.self_attn, new.self_attn, strict=True):
+                for name in ("k", "v"):
+                    src = getattr(old, name)
+                    src = src if rows is None else src.index_select(0, rows)
+                    getattr(out, name)[row : row + n, :, at:length] = src[
+                        :, :, start : start + width
+                    ]
+                positions = old.positions if rows is None else old.positions.index_select(0, rows)
+                out.positions[row : row + n, at:length] = positions[:, start : start + width]
+            row += n
+        for out in new.self_attn:
+            out.length = length
+        self.cache = new
+
+    # ---------------------------------------------------------------------------------------
+    # A request with its attention recorded (the live page)
+    # ---------------------------------------------------------------------------------------
+
+    def _run_alone(self, job: Job) -> None:
+        """Decode one request with the attention weights of every step kept: for generated
+        token t, the weights (layers, heads, positions) of the query that chose it (the last
+        position of the input at that step)."""
+        model = self.model
+        # registered first, so that a token can be looked at while the reply still streams
+        self.recordings[job.id] = {"prompt": job.request.prompt_ids, "job": job}
+        while len(self.recordings) > self.keep_attention:
+            self.recordings.popitem(last=False)
+        ids = torch.tensor([job.request.prompt_ids])  # (1, P): the prompt first, then one token
+        cache = model.new_cache(1, ids.shape[1] + job.request.max_tokens)
+        while True:
+            x, attentions = model.hidden_states(ids, None, cache, return_attention=True)
+            logits = model.lm_head(x[:, -1])  # (1, V)
+            job.weights.append(torch.stack([a[0, :, -1] for a in attentions]).half())
+            token = self._choose(job, logits[0])
+            if self._emit(job, token):
+                return
+            ids = torch.tensor([[token]])

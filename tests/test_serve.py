@@ -1,0 +1,285 @@
+"""``attnkit serve`` with the real SmolLM2-135M-Instruct, called by clients nobody here wrote:
+the official ``openai`` package, ``curl``, raw HTTP (httpx) for what well-behaved clients never
+send, and headless Chromium for the attention page. The server is the real command, started on
+127.0.0.1 and a free port."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.interop import load_tokenizer_for
+from attnkit.serve import chat_template_for, render_chat
+from chromium import CHROMIUM, Browser
+
+pytestmark = pytest.mark.needs("smollm2")
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a color.",
+    "Write a haiku about rain.",
+    "What is 2+2?",
+    "Who wrote Hamlet?",
+    "今天 下雨 我 没 带 伞 means what?",
+    "What is Python?",
+    "Say something kind.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.2)
+    else:
+        process.kill()
+        raise TimeoutError(f"attnkit serve did not answer: {log.read_text()}")
+    yield url
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The same model in this process, for generate()'s answers."""
+    model, tokenizer = ak.from_pretrained("smollm2"), load_tokenizer_for("smollm2")
+    template = chat_template_for("smollm2")
+
+    def answer(question: str, max_tokens: int) -> str:
+        ids = tokenizer.encode(render_chat(template, [{"role": "user", "content": question}]))
+        out = model.generate(torch.tensor([ids]), max_tokens, do_sample=False)[0, len(ids) :]
+        new = out.tolist()
+        if model.cfg.eos_id in new:
+            new = new[: new.index(model.cfg.eos_id)]
+        return tokenizer.decode(new)
+
+    return answer
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server + "/v1", api_key="not-needed", max_retries=0)
+
+
+def ask(client, question, max_tokens=24, **options):
+    return client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        **options,
+    )
+
+
+def test_openai_client_gets_generates_answer_whole_and_streamed(client, smollm2):
+    reply = ask(client, QUESTIONS[0])
+    assert reply.object == "chat.completion" and reply.model == "smollm2"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == smollm2(QUESTIONS[0], 24)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    chunks = list(ask(client, QUESTIONS[0], stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == (
+        reply.choices[0].finish_reason
+    )
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_eight_clients_at_once_are_decoded_together(client, server, smollm2):
+    before = httpx.get(server + "/health").json()["steps"]
+    replies = [None] * len(QUESTIONS)
+
+    def one(i):
+        replies[i] = ask(client, QUESTIONS[i], max_tokens=20)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(QUESTIONS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for question, reply in zip(QUESTIONS, replies, strict=True):
+        assert reply.choices[0].message.content == smollm2(question, 20), question
+    steps = httpx.get(server + "/health").json()["steps"] - before
+    tokens = sum(r.usage.completion_tokens for r in replies)
+    assert steps < tokens / 2  # one batched step advanced several replies at once
+
+
+def test_curl_whole_and_streamed(server):
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}
+    base = ["curl", "-s", "-H", "content-type: application/json", "-d", json.dumps(body)]
+    url = server + "/v1/chat/completions"
+    whole = json.loads(subprocess.run([*base, url], capture_output=True, check=True).stdout)
+    assert whole["choices"][0]["message"]["content"]
+    body["stream"] = True
+    base[-1] = json.dumps(body)
+    out = subprocess.run([*base, "-N", url], capture_output=True, check=True, text=True).stdout
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_completions_models_and_health(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    reply = httpx.post(server + "/v1/completions", json=body, timeout=60).json()
+    assert reply["object"] == "text_completion" and reply["usage"]["completion_tokens"] == 6
+    models = httpx.get(server + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["smollm2"]
+    health = httpx.get(server + "/health").json()
+    assert health["status"] == "ok" and health["max_batch"] == 8
+
+
+BAD = [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}', 400, "unknown field"),
+    (b'{"messages": "hi"}', 400, "messages"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages.0.content"),
+    (b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "messages.0.role"),
+    (b'{"messages": []}', 400, "messages"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400, "fit"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+    (b"[1, 2]", 400, "body"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "says"), BAD, ids=range(len(BAD)))
+def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, body, status, says):
+    answer = httpx.post(
+        server + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert answer.status_code == status
+    error = answer.json()["error"]
+    assert says in error["message"] + str(error["param"])
+    assert error["type"] == "invalid_request_error"
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def test_empty_prompts_huge_bodies_and_unknown_routes(server):
+    for prompt in ("", "   "):
+        answer = httpx.post(server + "/v1/completions", json={"prompt": prompt})
+        assert (answer.status_code, answer.json()["error"]["message"]) == (
+            400,
+            "the prompt is empty",
+        )
+    huge = b'{"prompt": "' + b"a" * 10_000_000 + b'"}'
+    answer = httpx.post(server + "/v1/completions", content=huge, timeout=60)
+    assert answer.status_code == 413 and "larger than" in answer.json()["error"]["message"]
+    answer = httpx.get(server + "/v2/nothing")
+    assert answer.status_code == 404 and answer.json()["error"]["type"] == "not_found_error"
+    body = {"prompt": "Hello", "max_tokens": 2}
+    assert httpx.post(server + "/v1/completions", json=body, timeout=60).status_code == 200
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(server):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if httpx.get(server + "/health").json()["running"] == 0:
+            break
+        time.sleep(0.1)
+    assert httpx.get(server + "/health").json()["running"] == 0
+    reply = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert reply.status_code == 200
+
+
+@pytest.mark.needs("chromium")
+def test_the_attention_page_in_chromium(server, tmp_path: Path):
+    hostile = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '1')\">"
+    browser = Browser(CHROMIUM)
+    try:
+        browser.open(server + "/")
+        browser.click("#prompt")
+        browser.type(f"The animal didn't cross the street because it was too tired. {hostile}")
+        browser.js("document.getElementById('max-tokens').value = '12'; true")
+        browser.click("#send")
+        browser.wait_for("document.body.dataset.done === '1'", timeout=120)
+        count = browser.js("document.querySelectorAll('.tok.new').length")
+        assert 1 <= count <= 12
+        browser.click(".tok.new[data-index='2']" if count > 2 else ".tok.new")
+        browser.wait_for("document.body.dataset.drawn !== undefined")
+        rows = browser.js(
+            "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
+            " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
+        )
+        context = browser.js("document.querySelectorAll('#heat thead th').length - 1")
+        assert len(rows) == 30  # SmolLM2's layers
+        assert all(len(r) == context for r in rows)
+        assert all(abs(sum(r) - 1) < 0.01 for r in rows)  # each layer's weights sum to 1
+        browser.js(
+            "const s = document.getElementById('head-select'); s.value = '4';"
+            "s.dispatchEvent(new Event('change')); true"
+        )
+        head4 = browser.js(
+            "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
+            " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
+        )
+        assert head4 != rows and all(abs(sum(r) - 1) < 0.01 for r in head4)
+        assert hostile in browser.js("document.getElementById('tokens').textContent")
+        assert browser.js("document.body.getAttribute('data-pwned')") is None
+        shot = browser.screenshot(tmp_path / "attention.png")
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("ATTNKIT_SCREENSHOT"):  # how docs/images/serve-attention.png is made
+            Path(os.environ["ATTNKIT_SCREENSHOT"]).write_bytes(shot.read_bytes())
+    finally:
+        browser.close()
+
+
+def test_chat_command_keeps_the_conversation(smollm2):
+    lines = "What is 2+2?\nAnd what is that times 10?\n/quit\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "attnkit.cli", "chat", "smollm2", "--temperature", "0"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    replies = [r.strip() for r in out.stdout.split("> ") if r.strip()]
+    assert replies[0] == smollm2("What is 2+2?", 256).strip()
+    assert len(replies) == 2 and replies[1] != replies[0]
+    assert "type a message" in out.stderr
