@@ -75,8 +75,12 @@ def smollm2():
     model, tokenizer = ak.from_pretrained("smollm2"), load_tokenizer_for("smollm2")
     template = chat_template_for("smollm2")
 
-    def answer(question: str, max_tokens: int) -> str:
-        ids = tokenizer.encode(render_chat(template, [{"role": "user", "content": question}]))
+    def answer(question: str | list[dict], max_tokens: int) -> str:
+        """generate()'s greedy reply to a question, or to a whole conversation."""
+        messages = question
+        if isinstance(question, str):
+            messages = [{"role": "user", "content": question}]
+        ids = tokenizer.encode(render_chat(template, messages))
         out = model.generate(torch.tensor([ids]), max_tokens, do_sample=False)[0, len(ids) :]
         new = out.tolist()
         if model.cfg.eos_id in new:
@@ -160,6 +164,19 @@ def test_completions_models_and_health(server):
     body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
     reply = httpx.post(server + "/v1/completions", json=body, timeout=60).json()
     assert reply["object"] == "text_completion" and reply["usage"]["completion_tokens"] == 6
+    body = {"prompt": "The capital of France is Paris. The capital", "max_tokens": 30}
+    stopped = httpx.post(server + "/v1/completions", json=body | {"stop": ["."]}, timeout=60)
+    choice = stopped.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "." not in choice["text"]
+    sampled = [
+        httpx.post(
+            server + "/v1/completions",
+            json=body | {"temperature": 1.0, "seed": seed, "max_tokens": 12},
+            timeout=60,
+        ).json()["choices"][0]["text"]
+        for seed in (5, 5, 6)
+    ]
+    assert sampled[0] == sampled[1] != sampled[2]  # the seed makes sampling repeatable
     models = httpx.get(server + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["smollm2"]
     health = httpx.get(server + "/health").json()
@@ -293,6 +310,12 @@ def test_chat_command_keeps_the_conversation(smollm2):
         check=True,
     )
     replies = [r.strip() for r in out.stdout.split("> ") if r.strip()]
-    assert replies[0] == smollm2("What is 2+2?", 256).strip()
-    assert len(replies) == 2 and replies[1] != replies[0]
+    first = smollm2("What is 2+2?", 256)
+    assert replies[0] == first.strip()
+    conversation = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And what is that times 10?"},
+    ]
+    assert replies[1] == smollm2(conversation, 256).strip()  # the first turn was in the prompt
     assert "type a message" in out.stderr

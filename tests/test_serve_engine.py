@@ -1,6 +1,7 @@
 """The serving engine without HTTP: batched decoding equals ``generate`` row by row, rows join
 and leave between steps, a cancelled request frees its row; chat templates and the text stream."""
 
+import json
 import queue
 import time
 
@@ -197,3 +198,35 @@ def test_chat_templates_render_as_the_model_expects():
     # the sandbox: a template cannot reach Python's internals
     with pytest.raises(ValueError):
         render_chat("{{ messages.__class__.__mro__[1].__subclasses__() }}", messages)
+
+
+def test_chat_templates_are_found_where_models_keep_them(tmp_path):
+    from attnkit.serve import chat_template_for
+
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert chat_template_for(tmp_path) == template
+    named = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert chat_template_for(tmp_path) == template
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert chat_template_for(tmp_path) == "{{ messages[0]['content'] }}"
+    assert chat_template_for(tmp_path / "nothing-here") is None
+
+
+@pytest.mark.needs("smollm2")
+def test_the_smollm2_file_carries_its_template():
+    from attnkit.serve import chat_template_for
+
+    text = render_chat(chat_template_for("smollm2"), [{"role": "user", "content": "Hi"}])
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_serve_binds_to_localhost_by_default():
+    from attnkit.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "model.gguf"])
+    assert (args.host, args.port, args.max_batch) == ("127.0.0.1", 8000, 8)
