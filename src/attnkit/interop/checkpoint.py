@@ -19,6 +19,7 @@ is a ValueError naming the file and the tensor, never a silently wrong model.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,7 +28,14 @@ from torch import Tensor
 
 from attnkit.files import read_json
 
-__all__ = ["INDEX_FILE", "WEIGHTS_FILE", "Tensors", "read_hf_weights", "read_safetensors"]
+__all__ = [
+    "INDEX_FILE",
+    "WEIGHTS_FILE",
+    "Tensors",
+    "read_hf_weights",
+    "read_safetensors",
+    "skip_init",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -176,3 +184,25 @@ def read_hf_weights(directory: str | Path) -> Tensors:
             "(pickle files can run code when loaded); convert them to safetensors"
         )
     raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} (and no {INDEX_FILE})")
+
+
+@contextmanager
+def skip_init():
+    """Build modules inside this block without drawing their random initial weights.
+
+    A model about to receive loaded weights would spend over a second (SmolLM2-135M, 2 cores)
+    filling 135M parameters with random numbers that ``load_state_dict`` then overwrites.
+    ``torch.nn.init``'s fill functions (which ``nn.Linear``, ``nn.Embedding`` and attnkit's
+    ``init_weights`` call) leave the tensor as it is inside the block; everything else a
+    constructor computes (RoPE's frequencies, say) is computed as usual. Not thread-safe: the
+    functions are swapped module-wide for the duration.
+    """
+    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "trunc_normal_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)

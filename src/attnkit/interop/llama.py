@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors
+from attnkit.interop.checkpoint import Tensors, skip_init
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import DecoderLM
 
@@ -172,7 +172,8 @@ def llama_from_tensors(cfg: ModelConfig, tensors: Tensors) -> DecoderLM:
     else:
         ours["lm_head.weight"] = tensors.take("lm_head.weight", (cfg.vocab_size, d))
     tensors.check_all_used()
-    model = DecoderLM(cfg)
+    with skip_init():  # every weight is loaded next
+        model = DecoderLM(cfg)
     model.load_state_dict(ours, strict=True)
     return model.eval()
 
