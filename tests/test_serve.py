@@ -71,8 +71,10 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The same model in this process, for generate()'s answers."""
-    model, tokenizer = ak.from_pretrained("smollm2"), load_tokenizer_for("smollm2")
+    """The same model in this process, as the server loads it (packed), for generate()'s
+    answers."""
+    model = ak.from_pretrained("smollm2", dequantize=False)
+    tokenizer = load_tokenizer_for("smollm2")
     template = chat_template_for("smollm2")
 
     def answer(question: str | list[dict], max_tokens: int) -> str:

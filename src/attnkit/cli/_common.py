@@ -21,12 +21,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _load_model(path: str, option: str):
+def _load_model(path: str, option: str, *, dequantize: bool = True):
     """from_pretrained, with a missing or unreadable path reported as a usage error."""
     from attnkit.interop import from_pretrained
 
     try:
-        return from_pretrained(path)
+        return from_pretrained(path, dequantize=dequantize)
     except (FileNotFoundError, ValueError, TypeError) as error:
         raise UsageError(f"{option}: {error}") from None
 

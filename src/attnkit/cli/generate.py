@@ -24,7 +24,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     if len(positional) != 1:
         raise UsageError(f"generate: expected one prompt, got {len(positional)} arguments")
     prompt = positional[0]
-    model = _load_model(path, option)
+    model = _load_model(path, option, dequantize=args.dequantize)
     if getattr(model, "family", None) != "decoder-only":
         raise UsageError(
             f"{option}: {path} holds a {type(model).__name__}; generate needs a decoder-only "

@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU, after a one-off compile of 10-40 s (on a CPU it needs a C++ compiler); worth it "
         "for long outputs",
     )
+    generate.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
+        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
+    )
     generate.set_defaults(handler=_cmd_generate)
 
     embed = commands.add_parser(

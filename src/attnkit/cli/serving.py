@@ -57,6 +57,12 @@ def _add_serving_commands(commands) -> None:
         metavar="BYTES",
         help="largest request body accepted (default 1 MiB); larger ones get 413",
     )
+    serve.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
+        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
+    )
     serve.set_defaults(handler=_cmd_serve)
 
     chat = commands.add_parser(
@@ -79,16 +85,22 @@ def _add_serving_commands(commands) -> None:
     )
     chat.add_argument("--top-p", type=float, default=0.9, metavar="P", help="(default 0.9)")
     chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    chat.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
+        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
+    )
     chat.set_defaults(handler=_cmd_chat)
 
 
-def _load(path: str):
+def _load(path: str, dequantize: bool):
     """(model, tokenizer, template) for a model the server and the chat can run."""
     from attnkit.serve.chat import chat_template_for
 
     print(f"loading {path} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    model = _load_model(path, "MODEL")
+    model = _load_model(path, "MODEL", dequantize=dequantize)
     if getattr(model, "family", None) != "decoder-only":
         raise UsageError(
             f"MODEL: {path} holds a {type(model).__name__}; a decoder-only language model is needed"
@@ -97,10 +109,16 @@ def _load(path: str):
     if tokenizer is None:
         raise UsageError(f"MODEL: {path} has no tokenizer to turn text into ids")
     template = chat_template_for(path)
+    layers = [m for m in model.modules() if type(m).__name__ == "PackedLinear"]
+    packed = sum(m.in_features * m.out_features for m in layers)
+    floats = model.num_parameters() / 1e6
+    sizes = f"{floats:.1f}M parameters"
+    if packed:
+        sizes = f"{floats:.1f}M float32 parameters, {packed / 1e6:.1f}M weights"
+        sizes += _packed_note(model)
     print(
-        f"loaded in {time.perf_counter() - start:.1f} s: {model.num_parameters() / 1e6:.1f}M "
-        f"parameters, context {model.cfg.max_len}, chat template: "
-        f"{'from the model' if template else 'none (plain role: content lines)'}",
+        f"loaded in {time.perf_counter() - start:.1f} s: {sizes}, context {model.cfg.max_len}, "
+        f"chat template: {'from the model' if template else 'none (plain role: content lines)'}",
         file=sys.stderr,
         flush=True,
     )
@@ -118,7 +136,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.max_body < 1:
         raise UsageError(f"--max-body must be at least 1, got {args.max_body}")
-    model, tokenizer, template = _load(args.model)
+    model, tokenizer, template = _load(args.model, args.dequantize)
     name = args.name or Path(args.model).stem
     app = create_app(
         model,
@@ -146,7 +164,7 @@ def _cmd_chat(args: argparse.Namespace) -> None:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    model, tokenizer, template = _load(args.model)
+    model, tokenizer, template = _load(args.model, args.dequantize)
     engine = Engine(model, tokenizer, max_batch=1)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
@@ -195,3 +213,11 @@ def _cmd_chat(args: argparse.Namespace) -> None:
                     raise RuntimeError(event["message"])
     finally:
         engine.close()
+
+
+def _packed_note(model) -> str:
+    """' (150 layers kept in Q4_1 blocks, ...)' for a model loaded with packed weights."""
+    packed = model.cfg.extra.get("weights", {}).get("packed") if model.cfg.extra else None
+    if not packed:
+        return ""
+    return " in blocks (" + ", ".join(f"{n} layers {kind}" for kind, n in packed.items()) + ")"

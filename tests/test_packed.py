@@ -1,0 +1,123 @@
+"""Weights kept in llama.cpp's blocks (Q8_0, Q4_0, Q4_1): the packed kernel against the float32
+product of the dequantized weights (gguf.quants' values), GGUF files read both ways, and the
+real SmolLM2 file."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+
+import attnkit as ak
+from attnkit.accel import packed
+from attnkit.accel.packed import BLOCK_BYTES, MAX_ROWS, PackedLinear, dequantize, packed_kernel
+
+KINDS = ["Q8_0", "Q4_0", "Q4_1"]
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random blocks whose scales (and Q4_1 minimums) are finite float16 values, the extremes
+    among them: the largest (65504, either sign), the smallest subnormal, zero."""
+    rng = np.random.default_rng(seed)
+    n_bytes = BLOCK_BYTES[kind]
+    blocks = rng.integers(0, 256, (rows * cols // 32, n_bytes), dtype=np.uint8)
+    scales = rng.normal(0, 0.05, len(blocks)).astype(np.float16)
+    scales[:5] = [65504.0, -65504.0, 6e-8, 0.0, -1.0]
+    blocks[:, :2] = scales.view(np.uint8).reshape(-1, 2)
+    if kind == "Q4_1":
+        minimums = rng.normal(0, 0.05, len(blocks)).astype(np.float16)
+        minimums[-3:] = [65504.0, 6e-8, 0.0]
+        blocks[:, 2:4] = minimums.view(np.uint8).reshape(-1, 2)
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_is_gguf_quants_bit_for_bit(kind):
+    blocks = random_blocks(kind, 8, 256)
+    want = gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)).ravel()
+    assert np.array_equal(dequantize(blocks, kind).numpy(), want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1])
+def test_packed_products_equal_the_float32_product(kind, rows):
+    """Up to MAX_ROWS rows go through the kernel, more through F.linear: both give the
+    dequantized product, to float32 accumulation-order error."""
+    assert packed_kernel() is not None  # make test installs gcc: the kernel must build
+    blocks = random_blocks(kind, 96, 320, seed=rows)
+    layer = PackedLinear(blocks, kind, 320)
+    weight = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)))
+    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = layer(x)
+    want = F.linear(x.double(), weight.double())
+    scale = x.abs().double() @ weight.abs().double().T  # the size of the terms summed
+    assert got.shape == (rows, 96) and got.dtype == torch.float32
+    assert bool(((got.double() - want).abs() <= 1e-5 * scale + 1e-30).all())
+
+
+def test_rows_are_computed_alone():
+    """A row's result does not depend on the other rows in the call (batched decoding gives
+    the same tokens as decoding alone)."""
+    layer = PackedLinear(random_blocks("Q4_1", 64, 128), "Q4_1", 128)
+    x = torch.randn(5, 128)
+    with torch.no_grad():
+        together = layer(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(5)])
+    assert torch.equal(together, alone)
+
+
+def test_gradients_and_no_compiler_fall_back_to_float32(monkeypatch):
+    layer = PackedLinear(random_blocks("Q8_0", 16, 64), "Q8_0", 64)
+    x = torch.randn(2, 64, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.dequantized().sum(0).expand(2, 64))
+    with torch.no_grad():
+        fast = layer(x)
+    monkeypatch.setattr(packed, "packed_kernel", lambda: None)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), fast, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_blocks_are_refused():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q5_K", 32)
+    with pytest.raises(ValueError, match=r"a row of 64 Q8_0 weights takes 68 bytes, got 34"):
+        PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q8_0", 64)
+    with pytest.raises(ValueError, match="uint8"):
+        PackedLinear(torch.zeros(2, 34), "Q8_0", 32)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=str)
+def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
+    from test_interop_gguf import _llama, write_gguf
+
+    write_gguf(tmp_path / "m.gguf", _llama(d_model=64, d_ff=96, vocab=101), qtype)
+    floats = ak.from_pretrained(tmp_path / "m.gguf")
+    packs = ak.from_pretrained(tmp_path / "m.gguf", dequantize=False)
+    layers = [m for m in packs.modules() if isinstance(m, PackedLinear)]
+    assert len(layers) == 2 * 5 + 1  # in_proj, out_proj, gate, up, down per layer; the head
+    assert packs.cfg.extra["weights"]["packed"] == {qtype.name: 11}
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(packs(ids), floats(ids), rtol=1e-4, atol=1e-4)
+    want = floats.generate(ids, 12, do_sample=False)
+    assert torch.equal(packs.generate(ids, 12, do_sample=False), want)
+
+
+@pytest.mark.needs("smollm2")
+def test_smollm2_packed_decodes_the_same_tokens():
+    from attnkit.interop import load_tokenizer_for
+
+    floats = ak.from_pretrained("smollm2")
+    packs = ak.from_pretrained("smollm2", dequantize=False)
+    assert packs.cfg.extra["weights"] == {"packed": {"Q4_1": 150, "Q8_0": 1}, "float32": {}}
+    tokenizer = load_tokenizer_for("smollm2")
+    for prompt in ("The capital of France is", "今天 下雨 我 没 带 伞"):
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            difference = (packs(ids) - floats(ids)).abs().max()
+        assert difference < 1e-3
+        out = packs.generate(ids, 24, do_sample=False)
+        assert torch.equal(out, floats.generate(ids, 24, do_sample=False))
