@@ -54,9 +54,10 @@ static inline void decode_q4_1(const uint8_t *block, float *w) {
 
 /* y[r, n] for rows r < rows: every block decoded once, then used for each row of x. */
 #define PACKED_MATMUL(NAME, DECODE, BLOCK_BYTES)                                              \
-    static void NAME(const uint8_t *W, const float *x, float *y, int rows, int N, int K) {   \
+    static void NAME(const uint8_t *W, const float *x, float *y, int rows, int N, int K,      \
+                     int threads) {                                                           \
         const int nb = K / QK;                                                                \
-        _Pragma("omp parallel for schedule(static)")                                          \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
         for (int n = 0; n < N; n++) {                                                         \
             const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                            \
             float acc[MAX_ROWS][QK];                                                          \
@@ -82,12 +83,15 @@ PACKED_MATMUL(matmul_q8_0, decode_q8_0, 34)
 PACKED_MATMUL(matmul_q4_0, decode_q4_0, 18)
 PACKED_MATMUL(matmul_q4_1, decode_q4_1, 20)
 
-/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1. x: (rows, K), y: (rows, N), rows <= MAX_ROWS. */
-int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK) return -1;
-    if (kind == 0) matmul_q8_0(W, x, y, rows, N, K);
-    else if (kind == 1) matmul_q4_0(W, x, y, rows, N, K);
-    else if (kind == 2) matmul_q4_1(W, x, y, rows, N, K);
+/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1. x: (rows, K), y: (rows, N), rows <= MAX_ROWS. threads:
+ * passed by the caller (torch's count), because a thread other than the main one would
+ * otherwise get OpenMP's default team, which measured as one thread under torch. */
+int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
+                  int threads) {
+    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1) return -1;
+    if (kind == 0) matmul_q8_0(W, x, y, rows, N, K, threads);
+    else if (kind == 1) matmul_q4_0(W, x, y, rows, N, K, threads);
+    else if (kind == 2) matmul_q4_1(W, x, y, rows, N, K, threads);
     else return -1;
     return 0;
 }

@@ -110,7 +110,7 @@ def packed_kernel():
                 return None
             built.replace(library)  # atomic: another process never sees half a library
     kernel = ctypes.CDLL(str(library))
-    kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 3]
+    kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4]
     kernel.packed_matmul.restype = ctypes.c_int
     return kernel
 
@@ -174,6 +174,7 @@ class PackedLinear(nn.Module):
             rows,
             self.out_features,
             self.in_features,
+            torch.get_num_threads(),
         )
         if status != 0:  # cannot happen for shapes checked above
             raise RuntimeError(f"packed_matmul refused {rows} rows of {self.in_features}")

@@ -4,7 +4,6 @@ chat`` (a conversation in the terminal): both the parsers and the commands."""
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
 import time
 from pathlib import Path
@@ -126,9 +125,11 @@ def _load(path: str, dequantize: bool):
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:
+    import threading
+
     import uvicorn
 
-    from attnkit.serve import create_app
+    from attnkit.serve import Engine, create_app
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
@@ -138,21 +139,31 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-body must be at least 1, got {args.max_body}")
     model, tokenizer, template = _load(args.model, args.dequantize)
     name = args.name or Path(args.model).stem
+    # The model runs on this (the main) thread, the HTTP server on another (see serve.engine).
+    engine = Engine(model, tokenizer, max_batch=args.max_batch, start=False)
     app = create_app(
-        model,
-        tokenizer,
-        name=name,
-        template=template,
-        max_batch=args.max_batch,
-        max_body=args.max_body,
+        model, tokenizer, name=name, template=template, max_body=args.max_body, engine=engine
     )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    )
+    http = threading.Thread(target=server.run, name="attnkit-http", daemon=True)
+    http.start()
+    while not server.started and http.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise RuntimeError(f"could not serve on {args.host}:{args.port} (is the port in use?)")
     print(
         f"serving {name} on http://{args.host}:{args.port} (the attention page at /, the API "
         "at /v1); Ctrl-C stops",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        engine.run(until=lambda: not http.is_alive())
+    finally:
+        server.should_exit = True
+        http.join(timeout=10)
 
 
 def _cmd_chat(args: argparse.Namespace) -> None:
@@ -165,7 +176,7 @@ def _cmd_chat(args: argparse.Namespace) -> None:
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     model, tokenizer, template = _load(args.model, args.dequantize)
-    engine = Engine(model, tokenizer, max_batch=1)
+    engine = Engine(model, tokenizer, max_batch=1, start=False)  # it runs on this thread
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
     print("type a message; /reset starts over, /quit ends", file=sys.stderr, flush=True)
@@ -199,18 +210,20 @@ def _cmd_chat(args: argparse.Namespace) -> None:
                 top_p=args.top_p,
                 seed=args.seed + turn,
             )
-            events: queue.Queue = queue.Queue()
-            engine.submit(request, events.put)
-            while True:
-                event = events.get()
+            done: list[dict] = []
+
+            def show(event, done=done):
                 if event["type"] == "token":
                     print(event["text"], end="", flush=True)
-                elif event["type"] == "done":
-                    messages.append({"role": "assistant", "content": event["text"]})
-                    print(flush=True)
-                    break
                 else:
-                    raise RuntimeError(event["message"])
+                    done.append(event)
+
+            engine.submit(request, show)
+            engine.run(until=lambda done=done: bool(done))
+            if done[0]["type"] != "done":
+                raise RuntimeError(done[0]["message"])
+            messages.append({"role": "assistant", "content": done[0]["text"]})
+            print(flush=True)
     finally:
         engine.close()
 

@@ -17,9 +17,12 @@ each row's real tokens) make the padding invisible. A request that finishes (EOS
 string, ``max_tokens``) or whose client went away leaves: its row is dropped, and columns that
 are padding in every remaining row are cut off.
 
-Everything that touches the model runs on the engine's one thread; requests come in through
-:meth:`Engine.submit` from any thread and their results go out through the ``sink`` each
-request brings (a callback that receives event dicts).
+Everything that touches the model runs on one thread, the engine's own (``start=True``) or the
+one that calls :meth:`Engine.run` (``attnkit serve`` runs it on the main thread: OpenMP's
+workers, which torch and the packed kernel use, wait for work by spinning only while a process
+has no more of them than cores, and every other thread that computes brings workers of its
+own). Requests come in through :meth:`Engine.submit` from any thread and their results go out
+through the ``sink`` each request brings (a callback that receives event dicts).
 
 A request with ``attention=True`` (the live attention page) runs alone, with the attention
 weights of every layer and head recorded for each token it produces.
@@ -96,7 +99,15 @@ class Engine:
     not plain KV caches (window or linear attention) are served one request at a time.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 8, keep_attention: int = 8) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch: int = 8,
+        keep_attention: int = 8,
+        start: bool = True,
+    ) -> None:
         if getattr(model, "family", None) != "decoder-only":
             raise TypeError(
                 f"the server needs a decoder-only language model, got {type(model).__name__}"
@@ -117,8 +128,10 @@ class Engine:
         self.keep_attention = keep_attention
         self.steps = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="attnkit-engine", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if start:
+            self._thread = threading.Thread(target=self.run, name="attnkit-engine", daemon=True)
+            self._thread.start()
 
     # ---------------------------------------------------------------------------------------
     # The public side (any thread)
@@ -159,16 +172,19 @@ class Engine:
         return self.recordings.get(job_id)
 
     def close(self) -> None:
+        """Stop the loop (after the step in progress)."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
     # ---------------------------------------------------------------------------------------
     # The engine's thread
     # ---------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """The decoding loop, on the calling thread, until :meth:`close` (or ``until()``)."""
         with torch.no_grad(), _eval_mode(self.model):
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not (until is not None and until()):
                 try:
                     self._admit()
                     if self.jobs:
