@@ -414,10 +414,11 @@ def _dequantize(tensor, source: str) -> Tensor:
 def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> DecoderLM:
     """A DecoderLM from a GGUF file of a Llama model, every tensor dequantized to float32.
 
-    ``dequantize=False`` then keeps the linear layers stored as Q8_0, Q4_0 or Q4_1 in their
-    blocks (:class:`attnkit.accel.packed.PackedLinear`, checked to dequantize to exactly the
-    float32 weights they replace); other types stay float32. ``cfg.extra["weights"]`` says
-    which path each layer took."""
+    ``dequantize=False`` keeps the linear layers stored as Q8_0, Q4_0 or Q4_1 in their blocks
+    instead (:class:`attnkit.accel.packed.PackedLinear`); other types, the norms and the input
+    embedding table are float32. Those layers are never dequantized: the model is built around
+    untouched placeholders (memory the process never writes) that the packed layers then
+    replace. ``cfg.extra["weights"]`` says which path each layer took."""
     path = Path(path)
     reader = read_gguf(path)
     metadata = gguf_metadata(reader)
@@ -442,8 +443,13 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
     cfg = llama_config_from_gguf(
         metadata, str(path), vocab_size=vocab, tied="output.weight" not in names
     )
+    keep = set() if dequantize else _packable(cfg, names)
     tensors: dict[str, Tensor] = {}
     for tensor in reader.tensors:
+        if tensor.name in keep:  # replaced by its blocks below: never filled in
+            shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+            tensors[_hf_name(tensor.name)] = torch.empty(shape)
+            continue
         weight = _dequantize(tensor, str(path))
         name = _hf_name(tensor.name)
         heads = {"q_proj": cfg.n_heads, "k_proj": cfg.kv_heads}.get(name.split(".")[-2])
@@ -451,10 +457,37 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
             weight = unpermute(weight, heads)  # (a wrong shape is reported by the mapping)
         tensors[name] = weight
     cfg.extra["tensor_types"] = dict(Counter(t.tensor_type.name for t in reader.tensors))
-    model = llama_from_tensors(cfg, Tensors(tensors, str(path)))
+    model = llama_from_tensors(cfg, Tensors(tensors, str(path)), assign=not dequantize)
     if not dequantize:
-        pack_linear_layers(model, names, str(path))
+        pack_linear_layers(model, names)
     return model
+
+
+def _plan(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> list[tuple[str, list[str]]]:
+    """(module, the GGUF tensors whose rows make its weight) for every linear layer."""
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    plan = [("lm_head", [head])]
+    for i in range(cfg.n_layers):
+        stem, mine = f"blk.{i}.", f"decoder.layers.{i}."
+        qkv = [stem + p + ".weight" for p in ("attn_q", "attn_k", "attn_v")]
+        plan.append((mine + "self_attn.in_proj", qkv))
+        plan.append((mine + "self_attn.out_proj", [stem + "attn_output.weight"]))
+        for part in ("gate", "up", "down"):
+            plan.append((mine + "ffn." + part, [stem + f"ffn_{part}.weight"]))
+    return plan
+
+
+def _packable(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> set[str]:
+    """The GGUF tensors that only packed layers need (the embedding table is always needed
+    as float32 for the lookup, even when the output layer packs its blocks)."""
+    keep = set()
+    for _module, parts in _plan(cfg, names):
+        tensors = [names.get(name) for name in parts]
+        kinds = {t.tensor_type.name if t is not None else None for t in tensors}
+        if len(kinds) == 1 and next(iter(kinds)) in BLOCK_BYTES:
+            keep.update(parts)
+    keep.discard("token_embd.weight")
+    return keep
 
 
 def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Tensor, str] | None:
@@ -471,36 +504,26 @@ def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Te
     return torch.cat(rows), next(iter(kinds))
 
 
-def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor], source: str) -> None:
+def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor]) -> None:
     """Replace the model's linear layers with PackedLinear over the file's own blocks where
     they are Q8_0, Q4_0 or Q4_1 (tied embeddings: the output layer gets the table's blocks and
     the input table stays float32)."""
     cfg = model.cfg
-    plan = [("lm_head", ["output.weight" if "output.weight" in names else "token_embd.weight"])]
-    for i, layer in enumerate(model.decoder.layers):
-        stem, mine = f"blk.{i}.", f"decoder.layers.{i}."
-        qkv = [stem + p + ".weight" for p in ("attn_q", "attn_k", "attn_v")]
-        plan.append((mine + "self_attn.in_proj", qkv))
-        plan.append((mine + "self_attn.out_proj", [stem + "attn_output.weight"]))
-        for part, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
-            if getattr(layer.ffn, part, None) is not None:
-                plan.append((mine + "ffn." + part, [stem + name + ".weight"]))
     packed: Counter = Counter()
     kept: Counter = Counter()
-    for module_name, parts in plan:
+    for module_name, parts in _plan(cfg, names):
         heads = [cfg.n_heads, cfg.kv_heads, 0] if len(parts) == 3 else [0]
         found = _packed_blocks(names, parts, heads)
         parent_name, _, attr = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, attr)
-        if found is None or getattr(old, "bias", None) is not None:
-            kept[module_name.split(".")[-1]] += 1
+        old = getattr(parent, attr, None)
+        if old is None:
+            continue
+        if found is None:
+            kept[attr] += 1
             continue
         blocks, kind = found
-        layer = PackedLinear(blocks, kind, old.in_features)
-        if not torch.equal(layer.dequantized(), old.weight.detach()):
-            raise ValueError(f"{source}: the blocks of {parts} do not give {module_name}'s weight")
-        setattr(parent, attr, layer)
+        setattr(parent, attr, PackedLinear(blocks, kind, old.in_features))
         packed[kind] += 1
     if "lm_head" not in kept:
         cfg.tie_embeddings = False  # the output layer has its own (packed) copy now

