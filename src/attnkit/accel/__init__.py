@@ -14,6 +14,9 @@ processor: measure before relying on one).
                   ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
+    packed.py     linear layers kept in a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, multiplied by
+                  a C kernel built at first use: ``PackedLinear`` (``from_pretrained(path,
+                  dequantize=False)`` puts them in)
 
 ``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
 trainer and the benchmarks run their steps inside ``onednn_products()``.
@@ -32,9 +35,11 @@ from attnkit.accel.onednn import (
     onednn_linear_available,
     onednn_products,
 )
+from attnkit.accel.packed import PackedLinear
 
 __all__ = [
     "FusedLMHead",
+    "PackedLinear",
     "apply",
     "compiled_step",
     "decoding_layout",

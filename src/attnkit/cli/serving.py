@@ -229,8 +229,9 @@ def _cmd_chat(args: argparse.Namespace) -> None:
 
 
 def _packed_note(model) -> str:
-    """' (150 layers kept in Q4_1 blocks, ...)' for a model loaded with packed weights."""
+    """' in blocks (1 Q8_0 layer, 150 Q4_1 layers)' for a model loaded with packed weights."""
     packed = model.cfg.extra.get("weights", {}).get("packed") if model.cfg.extra else None
     if not packed:
         return ""
-    return " in blocks (" + ", ".join(f"{n} layers {kind}" for kind, n in packed.items()) + ")"
+    parts = [f"{n} {kind} layer{'s' if n > 1 else ''}" for kind, n in packed.items()]
+    return " in blocks (" + ", ".join(parts) + ")"
