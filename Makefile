@@ -75,6 +75,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/training.py
 	$(BIN)/python bench/serve.py
+	# llama.cpp, the reference for GGUF on a CPU: built from its sdist once (about 10 minutes on
+	# 2 cores); pip keeps the built wheel in its cache, so a new .venv installs it at once.
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install llama-cpp-python==0.3.36
+	$(BIN)/python bench/gguf_kernel.py
+	$(BIN)/python bench/gguf.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
