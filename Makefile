@@ -79,7 +79,7 @@ bench: $(STAMP)
 	# 2 cores); pip keeps the built wheel in its cache, so a new .venv installs it at once.
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install llama-cpp-python==0.3.36
 	$(BIN)/python bench/gguf_kernel.py
-	$(BIN)/python bench/gguf.py
+	$(BIN)/python bench/gguf_speed.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -104,6 +104,9 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
         torch.testing.assert_close(packs(ids), floats(ids), rtol=1e-4, atol=1e-4)
     want = floats.generate(ids, 12, do_sample=False)
     assert torch.equal(packs.generate(ids, 12, do_sample=False), want)
+    with pytest.raises(ValueError, match="keeps a GGUF file's weights packed"):
+        packs.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()
 
 
 @pytest.mark.needs("smollm2")

@@ -12,27 +12,21 @@ other, with the same prompt, the same thread count and greedy decoding:
 - peak RSS of the process, in MB;
 - how many greedy tokens equal the float32 run's before the first difference.
 
-    python bench/gguf.py [--threads 2] [--new-tokens 128]
+    python bench/gguf_speed.py [--threads 2] [--new-tokens 128]
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import importlib.util
+import json
+import resource
+import subprocess
 import sys
+import time
+from pathlib import Path
 
-# This file's name would hide the gguf package from everything it imports: put its folder last.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from training import cpu_description  # noqa: E402
+from training import cpu_description
 
 # A story's opening: greedy decoding runs on for the whole 128 tokens without an end of text.
 PROMPT = "Once upon a time, in a land far away, there lived"
