@@ -110,14 +110,9 @@ class _Model(nn.Module):
     def save_pretrained(self, directory, *, tokenizer=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically;
         ``attnkit.from_pretrained(directory)`` reads it back exactly."""
-        from attnkit.accel.packed import PackedLinear
+        from attnkit.accel.packed import refuse_packed
 
-        if any(isinstance(m, PackedLinear) for m in self.modules()):
-            raise ValueError(
-                "save_pretrained: this model keeps a GGUF file's weights packed "
-                "(from_pretrained(..., dequantize=False)), which attnkit cannot save yet; load "
-                "it with dequantize=True to save it in float32"
-            )
+        refuse_packed(self, "save_pretrained")
         return serialization.save_pretrained(self, directory, tokenizer=tokenizer)
 
     def extra_meta(self) -> dict:

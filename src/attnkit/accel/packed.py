@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BLOCK_BYTES", "MAX_ROWS", "PackedLinear", "dequantize", "packed_kernel"]
+__all__ = [
+    "BLOCK_BYTES",
+    "MAX_ROWS",
+    "PackedLinear",
+    "dequantize",
+    "packed_kernel",
+    "refuse_packed",
+]
 
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # bytes per block of 32 weights
 _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
@@ -179,3 +186,13 @@ class PackedLinear(nn.Module):
         if status != 0:  # cannot happen for shapes checked above
             raise RuntimeError(f"packed_matmul refused {rows} rows of {self.in_features}")
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def refuse_packed(model: nn.Module, what: str) -> None:
+    """A one-line ValueError if ``model`` has packed layers, which ``what`` cannot handle."""
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        raise ValueError(
+            f"{what}: this model keeps a GGUF file's weights packed (from_pretrained(..., "
+            "dequantize=False)), which attnkit cannot save yet; load it with dequantize=True "
+            "to save it in float32"
+        )

@@ -21,6 +21,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
+    """``--dequantize``, for the commands that run a model without training it."""
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
+        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
+    )
+
+
 def _load_model(path: str, option: str, *, dequantize: bool = True):
     """from_pretrained, with a missing or unreadable path reported as a usage error."""
     from attnkit.interop import from_pretrained

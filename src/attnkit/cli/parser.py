@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import attnkit
-from attnkit.cli._common import _Parser
+from attnkit.cli._common import _add_dequantize_option, _Parser
 from attnkit.cli.demo import _cmd_demo
 from attnkit.cli.embed import _cmd_embed
 from attnkit.cli.explain import _cmd_explain
@@ -196,12 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU, after a one-off compile of 10-40 s (on a CPU it needs a C++ compiler); worth it "
         "for long outputs",
     )
-    generate.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
-        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
-    )
+    _add_dequantize_option(generate)
     generate.set_defaults(handler=_cmd_generate)
 
     embed = commands.add_parser(

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+from attnkit.cli._common import UsageError, _add_dequantize_option, _load_model, _load_tokenizer
 
 MODEL_HELP = (
     "a decoder-only model: a GGUF file, a Hugging Face or attnkit directory with its "
@@ -56,12 +56,7 @@ def _add_serving_commands(commands) -> None:
         metavar="BYTES",
         help="largest request body accepted (default 1 MiB); larger ones get 413",
     )
-    serve.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
-        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
-    )
+    _add_dequantize_option(serve)
     serve.set_defaults(handler=_cmd_serve)
 
     chat = commands.add_parser(
@@ -84,12 +79,7 @@ def _add_serving_commands(commands) -> None:
     )
     chat.add_argument("--top-p", type=float, default=0.9, metavar="P", help="(default 0.9)")
     chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    chat.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
-        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
-    )
+    _add_dequantize_option(chat)
     chat.set_defaults(handler=_cmd_chat)
 
 
