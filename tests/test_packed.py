@@ -80,6 +80,17 @@ def test_gradients_and_no_compiler_fall_back_to_float32(monkeypatch):
         torch.testing.assert_close(layer(x), fast, rtol=1e-5, atol=1e-5)
 
 
+def test_the_kernel_is_an_operator_that_torch_compile_keeps():
+    """torch.ops.attnkit.packed_linear: its schema, fake (meta) implementation and dynamic
+    shapes pass torch's own operator checks, and it equals the eager path."""
+    blocks = random_blocks("Q4_1", 48, 64)
+    x = torch.randn(3, 64)
+    torch.library.opcheck(packed.packed_linear, (x, blocks, 2, 48))
+    with torch.no_grad():
+        layer = PackedLinear(blocks, "Q4_1", 64)
+        assert torch.equal(torch.ops.attnkit.packed_linear(x, blocks, 2, 48), layer(x))
+
+
 def test_bad_blocks_are_refused():
     with pytest.raises(ValueError, match="kind must be one of"):
         PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q5_K", 32)

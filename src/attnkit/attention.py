@@ -172,13 +172,13 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = self.project(x, context)  # (B, H, N, d), (B, H_kv, M, d) twice
             if self.rope is not None and not cross:
-                q, k = self.rope(q, positions), self.rope(k, positions)
+                q, k = self.rope.rotate(q, k, positions=positions)
             keys = Keys(k, v, context_positions if cross else positions, self._valid(mask, n))
             if cache is not None:
                 keys = cache.update(keys)
         out, weights = self.backend(
             q,
-            keys.repeat(self.n_heads // self.n_kv_heads),
+            keys,  # H_kv heads: the backend lets each serve n_heads / n_kv_heads queries
             mask=None if self.attention != "full" else mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,

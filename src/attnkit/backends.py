@@ -93,6 +93,7 @@ def _empty_rows(mask: Tensor | None) -> Tensor | None:
 
 def _math(q, k, v, mask, is_causal, dropout_p, scale):
     """The reference: every intermediate is an ordinary tensor that can be printed."""
+    k, v = _grouped(k, q), _grouped(v, q)
     mask = _with_causal(mask, is_causal, q.shape[-2], k.shape[-2], q)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, M), a fresh tensor: edit it in place
     if mask is not None and mask.dtype == torch.bool:
@@ -113,15 +114,28 @@ def _math(q, k, v, mask, is_causal, dropout_p, scale):
     return attn @ v, weights  # (..., N, d_v), (..., N, M)
 
 
+def _grouped(t: Tensor, q: Tensor) -> Tensor:
+    """Grouped-query attention: keys or values (B, H_kv, M, d) repeated for q's H heads, each
+    K/V head serving H / H_kv consecutive query heads."""
+    if t.dim() < 3 or t.shape[-3] == q.shape[-3]:
+        return t
+    return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+
+
 def _fused(q, k, v, mask, is_causal, dropout_p, scale):
-    """torch's fused kernel: no N x M score matrix when there is no explicit mask."""
+    """torch's fused kernel: no N x M score matrix when there is no explicit mask. Fewer K/V
+    heads than query heads (grouped-query attention) are read in place (``enable_gqa``), not
+    repeated."""
     n, m = q.shape[-2], k.shape[-2]
+    gqa = {"enable_gqa": True} if k.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
     if is_causal and mask is None and n == m:  # the kernel builds the (square) causal mask
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
         )
     mask = _with_causal(mask, is_causal, n, m, q)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, **gqa
+    )
     if q.device.type != "cpu":
         # torch's CPU kernel already returns 0 for a row with nothing to attend to; other
         # backends may not, so zero those rows explicitly there.
@@ -148,6 +162,7 @@ def window_attention(q, keys: Keys, *, window: int, mask=None, is_causal=False, 
                      return_weights=False, alibi: ALiBi | None = None, positions=None):  # fmt: skip
     """Self-attention over a band of ``window`` keys. ``keys.valid`` marks padding (the
     ``mask`` argument, a key padding mask, has already been turned into it)."""
+    keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
     n, m = q.shape[2], keys.k.shape[2]
     if n != m:  # a decoding step against a RollingKVCache: every valid slot is in the window
         slots = keys.valid[:, None, None, :]  # (B, 1, 1, w)
@@ -241,6 +256,7 @@ def feature_map(x: Tensor) -> Tensor:
 def linear_backend(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
                    return_weights=False, alibi=None, positions=None):  # fmt: skip
     """Linear attention as a backend (no dropout on its implicit weights, no ALiBi)."""
+    keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
     if return_weights:
         if keys.past is not None:
             raise ValueError("return_weights is not available with a linear-attention cache")

@@ -158,19 +158,30 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate x (B, H, N, d) by positions (B, N) or (N,)."""
-        if x.shape[-1] != self.dim:
-            raise ValueError(
-                f"RotaryEmbedding: expected last dimension {self.dim}, got {tuple(x.shape)}"
-            )
+        return self.rotate(x, positions=positions)[0]
+
+    def rotate(self, *xs: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        """Rotate each of xs (B, H, N, d), q and k for instance, by the same positions (B, N)
+        or (N,): the angles' cos and sin are computed once for all of them."""
+        for x in xs:
+            if x.shape[-1] != self.dim:
+                raise ValueError(
+                    f"RotaryEmbedding: expected last dimension {self.dim}, got {tuple(x.shape)}"
+                )
         _check_positions("RotaryEmbedding", positions)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)  # (1, N)
         cos, sin = self.cos_sin(positions)
-        x1, x2 = x.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)  # rotate_half(x)
-        dtype = torch.promote_types(x.dtype, torch.float32)  # rotate in float32 at least
-        out = x.to(dtype) * cos.to(dtype) + rotated.to(dtype) * sin.to(dtype)
-        return out.to(x.dtype)
+        return tuple(_rotated(x, cos, sin) for x in xs)
+
+
+def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin, in float32 at least."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)  # rotate_half(x)
+    dtype = torch.promote_types(x.dtype, torch.float32)  # rotate in float32 at least
+    out = x.to(dtype) * cos.to(dtype) + rotated.to(dtype) * sin.to(dtype)
+    return out.to(x.dtype)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

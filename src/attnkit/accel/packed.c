@@ -1,97 +1,252 @@
 /* Products with weights kept in llama.cpp's block formats (Q8_0, Q4_0, Q4_1).
  *
  * y[m, n] = sum_k x[m, k] W[n, k] for a few rows m (decoding: one row per sequence), W stored as
- * rows of K / 32 blocks. Each block is decoded to 32 floats once and used for every row of x, so
- * the weights are read once per call: decoding is bound by the bytes of weights it reads, and a
+ * rows of K / 32 blocks. Each block is read once per call and used for every row of x, so the
+ * weights are read once per call: decoding is bound by the bytes of weights it reads, and a
  * packed block is 3.6-6.4x smaller than its 32 float32 weights.
  *
- *   Q8_0  34 bytes: float16 d, 32 int8 q                w = q * d
+ *   Q8_0  34 bytes: float16 d, 32 int8 q                w = d * q
  *   Q4_0  18 bytes: float16 d, 16 bytes of nibbles       w = d * (q - 8)
  *   Q4_1  20 bytes: float16 d, float16 m, 16 bytes       w = d * q + m
  *
  * In the 16 bytes of a 4-bit block, the low nibbles are weights 0-15, the high ones 16-31.
- * Built at run time with the machine's own compiler flags (attnkit/accel/packed.py).
+ * A block's share of y is computed as d * (q . x_b) + m * sum(x_b): the integers q become
+ * floats in vector registers (exactly: they are small), x stays float32, and the scale is
+ * applied once per block rather than once per weight. The result equals the product with the
+ * dequantized weights up to float32 rounding in a different order.
+ *
+ * Vector code for AVX-512 (16 floats at a time) and AVX2 + FMA + F16C (8), plain C elsewhere;
+ * built at run time with the machine's own flags (-march=native, attnkit/accel/packed.py).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define QK 32
 #define MAX_ROWS 16
 
-static float half_to_float(uint16_t h) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define LANES 16
+typedef __m512 vec;
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vmul(a, b) _mm512_mul_ps(a, b)
+#define vfmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vset1(s) _mm512_set1_ps(s)
+#define vsum(a) _mm512_reduce_add_ps(a)
+/* 16 signed bytes -> 16 floats */
+static inline void i8_to_vec(__m128i q, vec *w) { w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define LANES 8
+typedef __m256 vec;
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vmul(a, b) _mm256_mul_ps(a, b)
+#define vfmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vset1(s) _mm256_set1_ps(s)
+static inline float vsum(__m256 a) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    r = _mm_hadd_ps(r, r);
+    r = _mm_hadd_ps(r, r);
+    return _mm_cvtss_f32(r);
+}
+static inline void u8_to_vec(__m128i q, vec *w) {
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
+}
+static inline void i8_to_vec(__m128i q, vec *w) {
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+#else
+#define LANES 0 /* plain C */
+#endif
+
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if LANES
+    return _cvtsh_ss(h);
+#else
     _Float16 f;
     memcpy(&f, &h, 2);
     return (float)f;
+#endif
 }
 
-/* Decode one block to 32 floats (one function per format, so that each loop vectorizes). */
-static inline void decode_q8_0(const uint8_t *block, float *w) {
-    uint16_t raw;
-    memcpy(&raw, block, 2);
-    const float d = half_to_float(raw);
-    const int8_t *q = (const int8_t *)(block + 2);
-    for (int j = 0; j < QK; j++) w[j] = (float)q[j] * d;
+#if LANES
+#define NV (QK / LANES) /* vectors per block */
+
+/* One block -> its 32 integer weights as NV float vectors, its scale d and minimum m. */
+static inline void load_q8_0(const uint8_t *b, vec *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = 0.0f;
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 2)), w);
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 18)), w + NV / 2);
 }
 
-static inline void decode_q4_0(const uint8_t *block, float *w) {
-    uint16_t raw;
-    memcpy(&raw, block, 2);
-    const float d = half_to_float(raw);
-    const uint8_t *q = block + 2;
-    for (int j = 0; j < QK / 2; j++) w[j] = d * (float)((int)(q[j] & 15) - 8);
-    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = d * (float)((int)(q[j] >> 4) - 8);
+#if LANES == 16
+/* AVX-512: a 4-bit weight becomes a float by a table lookup, vpermps reading the low 4 bits of
+ * each 32-bit lane: the 16 bytes widened to 16 lanes give the low nibbles directly and, shifted
+ * right by 4, the high ones. The table holds the 16 integer values as floats. */
+static inline void nibble_floats(const uint8_t *qs, vec table, vec *w) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    w[0] = _mm512_permutexvar_ps(q, table);                         /* weights 0-15 */
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);   /* weights 16-31 */
 }
 
-static inline void decode_q4_1(const uint8_t *block, float *w) {
-    uint16_t raw_d, raw_m;
-    memcpy(&raw_d, block, 2);
-    memcpy(&raw_m, block + 2, 2);
-    const float d = half_to_float(raw_d), m = half_to_float(raw_m);
-    const uint8_t *q = block + 4;
-    for (int j = 0; j < QK / 2; j++) w[j] = d * (float)(q[j] & 15) + m;
-    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = d * (float)(q[j] >> 4) + m;
+static inline void load_q4_0(const uint8_t *b, vec *w, float *d, float *m) {
+    const vec table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    *d = half_to_float(b);
+    *m = 0.0f;
+    nibble_floats(b + 2, table, w);
 }
 
-/* y[r, n] for rows r < rows: every block decoded once, then used for each row of x. */
-#define PACKED_MATMUL(NAME, DECODE, BLOCK_BYTES)                                              \
-    static void NAME(const uint8_t *W, const float *x, float *y, int rows, int N, int K,      \
-                     int threads) {                                                           \
-        const int nb = K / QK;                                                                \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                     \
-        for (int n = 0; n < N; n++) {                                                         \
-            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                            \
-            float acc[MAX_ROWS][QK];                                                          \
-            for (int r = 0; r < rows; r++)                                                    \
-                for (int j = 0; j < QK; j++) acc[r][j] = 0.0f;                                \
-            float w[QK];                                                                      \
-            for (int b = 0; b < nb; b++) {                                                    \
-                DECODE(row + (size_t)b * BLOCK_BYTES, w);                                     \
-                for (int r = 0; r < rows; r++) {                                              \
-                    const float *xb = x + (size_t)r * K + (size_t)b * QK;                     \
-                    for (int j = 0; j < QK; j++) acc[r][j] += w[j] * xb[j];                   \
-                }                                                                             \
-            }                                                                                 \
-            for (int r = 0; r < rows; r++) {                                                  \
-                float s = 0.0f;                                                               \
-                for (int j = 0; j < QK; j++) s += acc[r][j];                                  \
-                y[(size_t)r * N + n] = s;                                                     \
-            }                                                                                 \
-        }                                                                                     \
+static inline void load_q4_1(const uint8_t *b, vec *w, float *d, float *m) {
+    const vec table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *d = half_to_float(b);
+    *m = half_to_float(b + 2);
+    nibble_floats(b + 4, table, w);
+}
+#else /* AVX2 */
+static inline void nibbles(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
+    *lo = _mm_and_si128(q, mask);                     /* weights 0-15 */
+    *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);  /* weights 16-31 */
+}
+
+static inline void load_q4_0(const uint8_t *b, vec *w, float *d, float *m) {
+    __m128i lo, hi;
+    *d = half_to_float(b);
+    *m = 0.0f;
+    nibbles(b + 2, &lo, &hi);
+    const __m128i eight = _mm_set1_epi8(8);
+    i8_to_vec(_mm_sub_epi8(lo, eight), w);  /* q - 8, in [-8, 7] */
+    i8_to_vec(_mm_sub_epi8(hi, eight), w + NV / 2);
+}
+
+static inline void load_q4_1(const uint8_t *b, vec *w, float *d, float *m) {
+    __m128i lo, hi;
+    *d = half_to_float(b);
+    *m = half_to_float(b + 2);
+    nibbles(b + 4, &lo, &hi);
+    u8_to_vec(lo, w);
+    u8_to_vec(hi, w + NV / 2);
+}
+#endif
+
+/* y[r, n] for rows r < ROWS: every block loaded once, then used for each row of x.
+ * sums[r * nb + b] = the sum of x's block b in row r (for the minimum m). */
+#define ROWS_LOOP(ROWS, LOAD, BLOCK_BYTES)                                                     \
+    {                                                                                          \
+        const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                                 \
+        vec acc[MAX_ROWS];                                                                     \
+        float shift[MAX_ROWS];                                                                 \
+        for (int r = 0; r < (ROWS); r++) {                                                     \
+            acc[r] = vzero();                                                                  \
+            shift[r] = 0.0f;                                                                   \
+        }                                                                                      \
+        for (int b = 0; b < nb; b++) {                                                         \
+            vec w[NV];                                                                         \
+            float d, m;                                                                        \
+            LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                    \
+            const vec vd = vset1(d);                                                           \
+            for (int r = 0; r < (ROWS); r++) {                                                 \
+                const float *xb = x + (size_t)r * K + (size_t)b * QK;                          \
+                vec s = vmul(w[0], vload(xb));                                                 \
+                for (int v = 1; v < NV; v++) s = vfmadd(w[v], vload(xb + v * LANES), s);      \
+                acc[r] = vfmadd(vd, s, acc[r]);                                                \
+                shift[r] += m * sums[(size_t)r * nb + b];                                      \
+            }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < (ROWS); r++) y[(size_t)r * N + n] = vsum(acc[r]) + shift[r];       \
     }
 
-PACKED_MATMUL(matmul_q8_0, decode_q8_0, 34)
-PACKED_MATMUL(matmul_q4_0, decode_q4_0, 18)
-PACKED_MATMUL(matmul_q4_1, decode_q4_1, 20)
+/* One row (a decoding step) gets a loop of its own, whose accumulator stays in a register. */
+#define PACKED_MATMUL(NAME, LOAD, BLOCK_BYTES)                                                 \
+    static void NAME(const uint8_t *W, const float *x, const float *sums, float *y, int rows,  \
+                     int N, int K, int threads) {                                              \
+        const int nb = K / QK;                                                                 \
+        if (rows == 1) {                                                                       \
+            _Pragma("omp parallel for schedule(static) num_threads(threads)")                  \
+            for (int n = 0; n < N; n++) ROWS_LOOP(1, LOAD, BLOCK_BYTES)                        \
+        } else {                                                                               \
+            _Pragma("omp parallel for schedule(static) num_threads(threads)")                  \
+            for (int n = 0; n < N; n++) ROWS_LOOP(rows, LOAD, BLOCK_BYTES)                     \
+        }                                                                                      \
+    }
+
+#else /* plain C: each block decoded to 32 floats, then used for every row */
+
+static inline void load_q8_0(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = 0.0f;
+    for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)b[2 + j];
+}
+
+static inline void load_q4_0(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = 0.0f;
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)((b[2 + j] & 15) - 8);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)((b[2 + j] >> 4) - 8);
+}
+
+static inline void load_q4_1(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = half_to_float(b + 2);
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[4 + j] & 15);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[4 + j] >> 4);
+}
+
+#define PACKED_MATMUL(NAME, LOAD, BLOCK_BYTES)                                                 \
+    static void NAME(const uint8_t *W, const float *x, const float *sums, float *y, int rows,  \
+                     int N, int K, int threads) {                                              \
+        const int nb = K / QK;                                                                 \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int n = 0; n < N; n++) {                                                          \
+            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                             \
+            float acc[MAX_ROWS];                                                               \
+            for (int r = 0; r < rows; r++) acc[r] = 0.0f;                                      \
+            for (int b = 0; b < nb; b++) {                                                     \
+                float w[QK], d, m;                                                             \
+                LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                \
+                for (int r = 0; r < rows; r++) {                                               \
+                    const float *xb = x + (size_t)r * K + (size_t)b * QK;                      \
+                    float s = 0.0f;                                                            \
+                    for (int j = 0; j < QK; j++) s += w[j] * xb[j];                            \
+                    acc[r] += d * s + m * sums[(size_t)r * nb + b];                            \
+                }                                                                              \
+            }                                                                                  \
+            for (int r = 0; r < rows; r++) y[(size_t)r * N + n] = acc[r];                     \
+        }                                                                                      \
+    }
+#endif
+
+PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
+PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
+PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
 
 /* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1. x: (rows, K), y: (rows, N), rows <= MAX_ROWS. threads:
  * passed by the caller (torch's count), because a thread other than the main one would
- * otherwise get OpenMP's default team, which measured as one thread under torch. */
+ * otherwise get OpenMP's default team, which measured as one thread under torch.
+ * Returns 0, or -1 for arguments it cannot take, -2 when out of memory. */
 int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
                   int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1) return -1;
-    if (kind == 0) matmul_q8_0(W, x, y, rows, N, K, threads);
-    else if (kind == 1) matmul_q4_0(W, x, y, rows, N, K, threads);
-    else if (kind == 2) matmul_q4_1(W, x, y, rows, N, K, threads);
-    else return -1;
+    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 2) return -1;
+    const int nb = K / QK;
+    float *sums = malloc(sizeof(float) * (size_t)rows * nb);
+    if (sums == NULL) return -2;
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < QK; j++) s += x[(size_t)r * K + (size_t)b * QK + j];
+            sums[(size_t)r * nb + b] = s;
+        }
+    if (kind == 0) matmul_q8_0(W, x, sums, y, rows, N, K, threads);
+    else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, threads);
+    else matmul_q4_1(W, x, sums, y, rows, N, K, threads);
+    free(sums);
     return 0;
 }

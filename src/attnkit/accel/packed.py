@@ -4,9 +4,15 @@ Decoding a token multiplies one row by every weight matrix, so its speed is set 
 of weights read per token (``bench/gguf_kernel.py``: on a 2-core EPYC both float32 ``F.linear``
 and a packed kernel run near 8 GB/s). A GGUF file's 4-bit blocks are 6.4x smaller than the
 float32 weights they stand for, so :class:`PackedLinear` keeps them as they are and multiplies
-with a small C kernel (``packed.c``) that decodes each block once and uses it for every row::
+with a small C kernel (``packed.c``, AVX-512 or AVX2 where the processor has them) that reads
+each block once and uses it for every row::
 
     y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m
+    block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
+
+The kernel is also an operator, ``torch.ops.attnkit.packed_linear``, so that ``torch.compile``
+keeps it as one call inside a compiled step; eager calls go to it directly (the operator's own
+dispatch costs more than a decoding step's small product).
 
 The kernel is compiled at first use with the machine's C compiler (``-O3 -march=native
 -fopenmp``) into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed by the source
@@ -37,6 +43,7 @@ __all__ = [
     "PackedLinear",
     "dequantize",
     "packed_kernel",
+    "packed_linear",
     "refuse_packed",
 ]
 
@@ -122,6 +129,13 @@ def packed_kernel():
     return kernel
 
 
+@torch.compiler.assume_constant_result
+def _kernel_built() -> bool:
+    """Whether the kernel is there (a constant to ``torch.compile``, which need not trace the
+    build)."""
+    return packed_kernel() is not None
+
+
 # --------------------------------------------------------------------------------------------
 # The layer
 # --------------------------------------------------------------------------------------------
@@ -163,29 +177,50 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features
-        kernel = packed_kernel()
         if (
-            kernel is None
+            not _kernel_built()
             or rows > MAX_ROWS
             or x.device.type != "cpu"
             or (torch.is_grad_enabled() and x.requires_grad)
         ):
             return F.linear(x, self.dequantized().to(x.dtype))
-        flat = x.reshape(rows, self.in_features).float().contiguous()  # (rows, in)
-        out = torch.empty(rows, self.out_features)
-        status = kernel.packed_matmul(
-            _KIND_CODES[self.kind],
-            self.blocks.data_ptr(),
-            flat.data_ptr(),
-            out.data_ptr(),
-            rows,
-            self.out_features,
-            self.in_features,
-            torch.get_num_threads(),
-        )
-        if status != 0:  # cannot happen for shapes checked above
-            raise RuntimeError(f"packed_matmul refused {rows} rows of {self.in_features}")
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if torch.compiler.is_compiling():  # one call in the compiled graph
+            return packed_linear(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+        return _packed_product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+
+
+def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+    """``x W^T`` by the packed kernel, x (..., in_features) with at most ``MAX_ROWS`` rows."""
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features
+    flat = x.reshape(rows, in_features).float().contiguous()  # (rows, in)
+    out = torch.empty(rows, out_features)
+    status = packed_kernel().packed_matmul(
+        kind,
+        blocks.data_ptr(),
+        flat.data_ptr(),
+        out.data_ptr(),
+        rows,
+        out_features,
+        in_features,
+        torch.get_num_threads(),
+    )
+    if status != 0:  # cannot happen for shapes PackedLinear checked
+        raise RuntimeError(f"packed_matmul refused {rows} rows of {in_features} (status {status})")
+    return out.reshape(*x.shape[:-1], out_features).to(x.dtype)
+
+
+@torch.library.custom_op("attnkit::packed_linear", mutates_args=())
+def packed_linear(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+    """:func:`_packed_product` as an operator (``torch.ops.attnkit.packed_linear``), so that
+    ``torch.compile`` keeps it as one call in a compiled step. (Eager calls skip the
+    operator's dispatch, which costs more than a small product.)"""
+    return _packed_product(x, blocks, kind, out_features)
+
+
+@packed_linear.register_fake
+def _(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 def refuse_packed(model: nn.Module, what: str) -> None:
