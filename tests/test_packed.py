@@ -11,7 +11,15 @@ from gguf import GGMLQuantizationType as Q
 
 import attnkit as ak
 from attnkit.accel import packed
-from attnkit.accel.packed import BLOCK_BYTES, MAX_ROWS, PackedLinear, dequantize, packed_kernel
+from attnkit.accel.packed import (
+    BLOCK_BYTES,
+    MAX_ROWS,
+    PackedEmbedding,
+    PackedLinear,
+    dequantize,
+    packed_kernel,
+)
+from attnkit.interop.gguf import read_gguf
 
 KINDS = ["Q8_0", "Q4_0", "Q4_1"]
 
@@ -40,9 +48,9 @@ def test_dequantize_is_gguf_quants_bit_for_bit(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1, 3 * MAX_ROWS + 5])
 def test_packed_products_equal_the_float32_product(kind, rows):
-    """Up to MAX_ROWS rows go through the kernel, more through F.linear: both give the
+    """Any number of rows (more than MAX_ROWS take several kernel calls) give the
     dequantized product, to float32 accumulation-order error."""
     assert packed_kernel() is not None  # make test installs gcc: the kernel must build
     blocks = random_blocks(kind, 96, 320, seed=rows)
@@ -85,10 +93,27 @@ def test_the_kernel_is_an_operator_that_torch_compile_keeps():
     shapes pass torch's own operator checks, and it equals the eager path."""
     blocks = random_blocks("Q4_1", 48, 64)
     x = torch.randn(3, 64)
-    torch.library.opcheck(packed.packed_linear, (x, blocks, 2, 48))
+    torch.library.opcheck(packed.register_operator(), (x, blocks, 2, 48))
     with torch.no_grad():
         layer = PackedLinear(blocks, "Q4_1", 64)
         assert torch.equal(torch.ops.attnkit.packed_linear(x, blocks, 2, 48), layer(x))
+
+
+def test_packed_table_and_chunked_products_equal_the_float32_ones(monkeypatch):
+    """A PackedEmbedding lookup gives the dequantized rows; a long input's product through
+    F.linear, dequantized a few output features at a time, equals the whole product."""
+    blocks = random_blocks("Q4_1", 40, 64)
+    table = PackedEmbedding(blocks, "Q4_1", 64)
+    ids = torch.tensor([[3, 0, 39], [3, 7, 7]])
+    assert torch.equal(table(ids), dequantize(blocks, "Q4_1").reshape(40, 64)[ids])
+    layer = PackedLinear(blocks, "Q4_1", 64)
+    x = torch.randn(MAX_ROWS + 4, 64)
+    with torch.no_grad():
+        whole = layer._dequantized_product(x)
+        monkeypatch.setattr(packed, "DEQUANTIZED_ROWS", 16)  # 40 features: 16 + 16 + 8
+        torch.testing.assert_close(layer._dequantized_product(x), whole, rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match="a row of 64 Q8_0 weights takes 68 bytes"):
+        PackedEmbedding(blocks, "Q8_0", 64)
 
 
 def test_bad_blocks_are_refused():
@@ -109,7 +134,12 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
     packs = ak.from_pretrained(tmp_path / "m.gguf", dequantize=False)
     layers = [m for m in packs.modules() if isinstance(m, PackedLinear)]
     assert len(layers) == 2 * 5 + 1  # in_proj, out_proj, gate, up, down per layer; the head
-    assert packs.cfg.extra["weights"]["packed"] == {qtype.name: 11}
+    assert isinstance(packs.embeddings.tokens, PackedEmbedding)  # the token table too
+    assert packs.cfg.extra["weights"]["packed"] == {qtype.name: 12}
+    # the table and the head read the file's own blocks (no copy); in_proj is a copy
+    files = {t.name: t.data.ctypes.data for t in read_gguf(tmp_path / "m.gguf").tensors}
+    assert packs.embeddings.tokens.blocks.data_ptr() == files["token_embd.weight"]
+    assert packs.lm_head.blocks.data_ptr() == files["output.weight"]
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         torch.testing.assert_close(packs(ids), floats(ids), rtol=1e-4, atol=1e-4)
@@ -126,7 +156,8 @@ def test_smollm2_packed_decodes_the_same_tokens():
 
     floats = ak.from_pretrained("smollm2")
     packs = ak.from_pretrained("smollm2", dequantize=False)
-    assert packs.cfg.extra["weights"] == {"packed": {"Q4_1": 150, "Q8_0": 1}, "float32": {}}
+    # 150 Q4_1 linear layers; the Q8_0 table, looked up and (tied) the output layer
+    assert packs.cfg.extra["weights"] == {"packed": {"Q4_1": 150, "Q8_0": 2}, "float32": {}}
     tokenizer = load_tokenizer_for("smollm2")
     for prompt in ("The capital of France is", "今天 下雨 我 没 带 伞"):
         ids = torch.tensor([tokenizer.encode(prompt)])

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 
 import torch
 
+from attnkit.accel.packed import packed_kernel, register_operator
+
 __all__ = ["compiled_step", "frozen_weights"]
 
 _COMPILED: dict[tuple[Callable, str], Callable] = {}
@@ -55,6 +57,8 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
             "compile=True: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
             "and none is on PATH; install one (apt-get install g++) or leave compile off"
         )
+    if device.type == "cpu" and packed_kernel() is not None:
+        register_operator()  # packed layers (GGUF weights) stay one call each
     key = (step, device.type)
     if key not in _COMPILED:
         options = {"guard_filter_fn": _guard_filter}

@@ -10,15 +10,14 @@ each block once and uses it for every row::
     y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m
     block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
 
-The kernel is also an operator, ``torch.ops.attnkit.packed_linear``, so that ``torch.compile``
-keeps it as one call inside a compiled step; eager calls go to it directly (the operator's own
-dispatch costs more than a decoding step's small product).
+Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_linear``
+(:func:`register_operator`), which stays one call inside a compiled step.
 
 The kernel is compiled at first use with the machine's C compiler (``-O3 -march=native
 -fopenmp``) into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed by the source
-and the processor, so a second process loads it at once. More than ``MAX_ROWS`` rows (a prompt),
-a gradient, or no compiler: the blocks are dequantized to float32 and go through ``F.linear``
-(:func:`dequantize`, bit for bit ``gguf.quants``).
+and the processor, so a second process loads it at once. A prompt goes through it ``MAX_ROWS``
+rows at a time. A gradient, or no compiler: the blocks are dequantized to float32
+(:func:`dequantize`, bit for bit ``gguf.quants``) and go through ``F.linear``.
 """
 
 from __future__ import annotations
@@ -40,16 +39,18 @@ from torch import Tensor, nn
 __all__ = [
     "BLOCK_BYTES",
     "MAX_ROWS",
+    "PackedEmbedding",
     "PackedLinear",
     "dequantize",
     "packed_kernel",
-    "packed_linear",
     "refuse_packed",
+    "register_operator",
 ]
 
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # bytes per block of 32 weights
 _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
-MAX_ROWS = 16  # the kernel's limit; more rows (a prompt) go through F.linear
+MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
+DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for F.linear
 _SOURCE = Path(__file__).with_name("packed.c")
 
 
@@ -129,42 +130,38 @@ def packed_kernel():
     return kernel
 
 
-@torch.compiler.assume_constant_result
-def _kernel_built() -> bool:
-    """Whether the kernel is there (a constant to ``torch.compile``, which need not trace the
-    build)."""
-    return packed_kernel() is not None
-
-
 # --------------------------------------------------------------------------------------------
 # The layer
 # --------------------------------------------------------------------------------------------
+
+
+def _check_blocks(where: str, blocks: Tensor, kind: str, row_length: int) -> None:
+    """Rows of ``row_length`` weights, each as whole blocks of ``kind``."""
+    if kind not in BLOCK_BYTES:
+        raise ValueError(f"{where}: kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
+    if row_length % 32 or blocks.dim() != 2 or blocks.dtype != torch.uint8:
+        raise ValueError(
+            f"{where}: blocks must be uint8 (rows, bytes per row) and a row's length a "
+            f"multiple of 32, got {tuple(blocks.shape)} {blocks.dtype} and {row_length}"
+        )
+    if blocks.shape[1] != row_length // 32 * BLOCK_BYTES[kind]:
+        raise ValueError(
+            f"{where}: a row of {row_length} {kind} weights takes "
+            f"{row_length // 32 * BLOCK_BYTES[kind]} bytes, got {blocks.shape[1]}"
+        )
 
 
 class PackedLinear(nn.Module):
     """``y = x W^T`` (no bias) with W (out_features, in_features) kept as rows of blocks.
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
-    model's state). Up to ``MAX_ROWS`` rows without a gradient go through the packed kernel;
-    anything else through ``F.linear`` on the dequantized weight.
+    model's state). Without a gradient the product goes through the packed kernel, with one
+    through ``F.linear`` on the dequantized weight.
     """
 
     def __init__(self, blocks: Tensor, kind: str, in_features: int) -> None:
         super().__init__()
-        if kind not in BLOCK_BYTES:
-            kinds = sorted(BLOCK_BYTES)
-            raise ValueError(f"PackedLinear: kind must be one of {kinds}, got {kind!r}")
-        if in_features % 32 or blocks.dim() != 2 or blocks.dtype != torch.uint8:
-            raise ValueError(
-                "PackedLinear: blocks must be uint8 (out_features, bytes per row) and "
-                f"in_features a multiple of 32, got {tuple(blocks.shape)} {blocks.dtype} and "
-                f"{in_features}"
-            )
-        if blocks.shape[1] != in_features // 32 * BLOCK_BYTES[kind]:
-            raise ValueError(
-                f"PackedLinear: a row of {in_features} {kind} weights takes "
-                f"{in_features // 32 * BLOCK_BYTES[kind]} bytes, got {blocks.shape[1]}"
-            )
+        _check_blocks("PackedLinear", blocks, kind, in_features)
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())
 
@@ -175,52 +172,98 @@ class PackedLinear(nn.Module):
         """The float32 weight (out_features, in_features)."""
         return dequantize(self.blocks, self.kind).reshape(self.out_features, self.in_features)
 
+    def _dequantized_product(self, x: Tensor) -> Tensor:
+        """``F.linear`` on the dequantized weight, ``DEQUANTIZED_ROWS`` output features at a
+        time: a large layer (an output layer over a vocabulary) is never float32 whole."""
+        if self.out_features <= DEQUANTIZED_ROWS:
+            return F.linear(x, self.dequantized().to(x.dtype))
+        parts = []
+        for start in range(0, self.out_features, DEQUANTIZED_ROWS):
+            rows = self.blocks[start : start + DEQUANTIZED_ROWS]
+            weight = dequantize(rows, self.kind).reshape(len(rows), self.in_features)
+            parts.append(F.linear(x, weight.to(x.dtype)))
+        return torch.cat(parts, dim=-1)
+
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // self.in_features
+        compiling = torch.compiler.is_compiling()
         if (
-            not _kernel_built()
-            or rows > MAX_ROWS
+            (_operator is None if compiling else packed_kernel() is None)
             or x.device.type != "cpu"
             or (torch.is_grad_enabled() and x.requires_grad)
         ):
-            return F.linear(x, self.dequantized().to(x.dtype))
-        if torch.compiler.is_compiling():  # one call in the compiled graph
-            return packed_linear(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
-        return _packed_product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+            return self._dequantized_product(x)
+        product = _operator if compiling else _packed_product  # one call in a compiled graph
+        return product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+
+
+class PackedEmbedding(nn.Module):
+    """A token table kept as rows of blocks: a lookup dequantizes only the rows it reads.
+
+    ``blocks``: uint8 (num_embeddings, embedding_dim / 32 * block bytes), a buffer; a tied
+    output layer (a :class:`PackedLinear`) may hold the same blocks."""
+
+    def __init__(self, blocks: Tensor, kind: str, embedding_dim: int) -> None:
+        super().__init__()
+        _check_blocks("PackedEmbedding", blocks, kind, embedding_dim)
+        self.kind, self.embedding_dim, self.num_embeddings = kind, embedding_dim, blocks.shape[0]
+        self.register_buffer("blocks", blocks)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind}"
+
+    def forward(self, ids: Tensor) -> Tensor:
+        rows = self.blocks[ids.reshape(-1)]  # (n, bytes per row)
+        return dequantize(rows, self.kind).reshape(*ids.shape, self.embedding_dim)
 
 
 def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
-    """``x W^T`` by the packed kernel, x (..., in_features) with at most ``MAX_ROWS`` rows."""
+    """``x W^T`` by the packed kernel, x (..., in_features): ``MAX_ROWS`` rows at a time (a
+    prompt's rows in several calls, each reading the weights once)."""
     in_features = x.shape[-1]
-    rows = x.numel() // in_features
-    flat = x.reshape(rows, in_features).float().contiguous()  # (rows, in)
-    out = torch.empty(rows, out_features)
-    status = packed_kernel().packed_matmul(
-        kind,
-        blocks.data_ptr(),
-        flat.data_ptr(),
-        out.data_ptr(),
-        rows,
-        out_features,
-        in_features,
-        torch.get_num_threads(),
-    )
-    if status != 0:  # cannot happen for shapes PackedLinear checked
-        raise RuntimeError(f"packed_matmul refused {rows} rows of {in_features} (status {status})")
+    flat = x.reshape(-1, in_features).float().contiguous()  # (rows, in)
+    out = torch.empty(len(flat), out_features)
+    kernel, threads = packed_kernel(), torch.get_num_threads()
+    for start in range(0, len(flat), MAX_ROWS):
+        rows = min(MAX_ROWS, len(flat) - start)
+        status = kernel.packed_matmul(
+            kind,
+            blocks.data_ptr(),
+            flat[start].data_ptr(),
+            out[start].data_ptr(),
+            rows,
+            out_features,
+            in_features,
+            threads,
+        )
+        if status != 0:  # cannot happen for shapes PackedLinear checked
+            raise RuntimeError(f"packed_matmul refused {rows} rows of {in_features} ({status})")
     return out.reshape(*x.shape[:-1], out_features).to(x.dtype)
 
 
-@torch.library.custom_op("attnkit::packed_linear", mutates_args=())
-def packed_linear(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
-    """:func:`_packed_product` as an operator (``torch.ops.attnkit.packed_linear``), so that
-    ``torch.compile`` keeps it as one call in a compiled step. (Eager calls skip the
-    operator's dispatch, which costs more than a small product.)"""
-    return _packed_product(x, blocks, kind, out_features)
+# The kernel as an operator, torch.ops.attnkit.packed_linear, once register_operator() ran.
+_operator = None
 
 
-@packed_linear.register_fake
-def _(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
-    return x.new_empty(*x.shape[:-1], out_features)
+def register_operator():
+    """Register :func:`_packed_product` as the operator ``torch.ops.attnkit.packed_linear``
+    (once; returns it), so that ``torch.compile`` keeps a packed product as one call in a
+    compiled step. ``accel.compiled_step`` registers it when the kernel is built. (Not at
+    import: torch's operator registration imports its compiler, a second of start-up; and
+    eager calls skip the operator's dispatch, which costs more than a decoding step's small
+    product.)"""
+    global _operator
+    if _operator is None:
+
+        @torch.library.custom_op("attnkit::packed_linear", mutates_args=())
+        def packed_linear(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+            return _packed_product(x, blocks, kind, out_features)
+
+        @packed_linear.register_fake
+        def _(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+            return x.new_empty(*x.shape[:-1], out_features)
+
+        _operator = packed_linear
+    return _operator
 
 
 def refuse_packed(model: nn.Module, what: str) -> None:

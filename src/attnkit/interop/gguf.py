@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.accel.packed import BLOCK_BYTES, PackedLinear
+from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
@@ -235,11 +235,13 @@ def _dequantize(tensor, source: str) -> Tensor:
 def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> DecoderLM:
     """A DecoderLM from a GGUF file of a Llama model, every tensor dequantized to float32.
 
-    ``dequantize=False`` keeps the linear layers stored as Q8_0, Q4_0 or Q4_1 in their blocks
-    instead (:class:`attnkit.accel.packed.PackedLinear`); other types, the norms and the input
-    embedding table are float32. Those layers are never dequantized: the model is built around
-    untouched placeholders (memory the process never writes) that the packed layers then
-    replace. ``cfg.extra["weights"]`` says which path each layer took."""
+    ``dequantize=False`` keeps the linear layers and the token table stored as Q8_0, Q4_0 or
+    Q4_1 in their blocks instead (:class:`attnkit.accel.packed.PackedLinear`,
+    :class:`attnkit.accel.packed.PackedEmbedding`), mostly as views of the memory-mapped file
+    (query and key rows are reordered, so those are copies); other types and the norms are
+    float32. Those layers are never dequantized: the model is built around untouched
+    placeholders (memory the process never writes) that the packed layers then replace.
+    ``cfg.extra["weights"]`` says which path each layer took."""
     path = Path(path)
     reader = read_gguf(path)
     metadata = gguf_metadata(reader)
@@ -299,15 +301,18 @@ def _plan(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> list[tuple[str, lis
 
 
 def _packable(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> set[str]:
-    """The GGUF tensors that only packed layers need (the embedding table is always needed
-    as float32 for the lookup, even when the output layer packs its blocks)."""
+    """The GGUF tensors that only packed layers need."""
     keep = set()
     for _module, parts in _plan(cfg, names):
         tensors = [names.get(name) for name in parts]
         kinds = {t.tensor_type.name if t is not None else None for t in tensors}
         if len(kinds) == 1 and next(iter(kinds)) in BLOCK_BYTES:
             keep.update(parts)
-    keep.discard("token_embd.weight")
+    table = names.get("token_embd.weight")
+    if "token_embd.weight" in keep and table.tensor_type.name not in BLOCK_BYTES:
+        keep.discard("token_embd.weight")
+    elif table is not None and table.tensor_type.name in BLOCK_BYTES:
+        keep.add("token_embd.weight")  # looked up row by row from its blocks
     return keep
 
 
@@ -318,20 +323,25 @@ def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Te
     kinds = {t.tensor_type.name if t is not None else None for t in tensors}
     if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_BYTES:
         return None
-    rows = []
-    for tensor, n_heads in zip(tensors, heads, strict=True):
-        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # (out, bytes per row)
-        rows.append(unpermute(blocks, n_heads) if n_heads else blocks)
-    return torch.cat(rows), next(iter(kinds))
+    rows = [
+        unpermute(torch.from_numpy(t.data), n) if n else torch.from_numpy(t.data)
+        for t, n in zip(tensors, heads, strict=True)
+    ]  # each (out, bytes per row); a view of the file unless unpermuted
+    return (torch.cat(rows) if len(rows) > 1 else rows[0]), next(iter(kinds))
 
 
 def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor]) -> None:
-    """Replace the model's linear layers with PackedLinear over the file's own blocks where
-    they are Q8_0, Q4_0 or Q4_1 (tied embeddings: the output layer gets the table's blocks and
-    the input table stays float32)."""
+    """Replace the model's linear layers with PackedLinear, and its token table with
+    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0 or Q4_1 (tied
+    embeddings: the output layer and the table share the table's blocks)."""
     cfg = model.cfg
     packed: Counter = Counter()
     kept: Counter = Counter()
+    found = _packed_blocks(names, ["token_embd.weight"], [0])
+    if found is not None:
+        blocks, kind = found
+        model.embeddings.tokens = PackedEmbedding(blocks, kind, cfg.d_model)
+        packed[kind] += 1
     for module_name, parts in _plan(cfg, names):
         heads = [cfg.n_heads, cfg.kv_heads, 0] if len(parts) == 3 else [0]
         found = _packed_blocks(names, parts, heads)

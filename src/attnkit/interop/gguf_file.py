@@ -131,7 +131,9 @@ def _parse(path: Path) -> GGUFFile:
         magic = f.read(4)
     if magic != MAGIC:
         raise ValueError(f"{path}: not a GGUF file (it starts with {magic!r}, not {MAGIC!r})")
-    buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    # copy-on-write: the pages stay the file's (shared, read on demand), and the arrays are
+    # writable, so packed layers can hold them as tensors without a copy
+    buffer = np.memmap(path, dtype=np.uint8, mode="c")
     cursor = _Cursor(buffer, str(path))
     try:
         cursor.take("I")  # the magic
