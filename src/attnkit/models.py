@@ -109,10 +109,10 @@ class _Model(nn.Module):
 
     def save_pretrained(self, directory, *, tokenizer=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically;
-        ``attnkit.from_pretrained(directory)`` reads it back exactly."""
-        from attnkit.accel.packed import refuse_packed
+        ``attnkit.from_pretrained(directory)`` reads it back exactly (packed layers too)."""
+        from attnkit.accel.quantize import packed_layout
 
-        refuse_packed(self, "save_pretrained")
+        self.cfg.extra["packed"] = packed_layout(self)  # which layers hold blocks
         return serialization.save_pretrained(self, directory, tokenizer=tokenizer)
 
     def extra_meta(self) -> dict:

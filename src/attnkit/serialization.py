@@ -93,8 +93,10 @@ def read_config(path: Path) -> dict[str, Any]:
     return read_json(config_path)
 
 
-def load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:
-    """The model of an attnkit directory whose config.json is ``data``, in eval mode."""
+def load_attnkit(path: Path, data: dict[str, Any], prepare=None) -> nn.Module:
+    """The model of an attnkit directory whose config.json is ``data``, in eval mode.
+    ``prepare(model)``, if given, runs on the built model before its weights are read (the
+    packed layers of a quantized model are restored there)."""
     meta = data["attnkit"]
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path / CONFIG_FILE}: unsupported attnkit format {meta!r}")
@@ -108,6 +110,8 @@ def load_attnkit(path: Path, data: dict[str, Any]) -> nn.Module:
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
     model = FAMILIES[name].from_meta(cfg, meta)
+    if prepare is not None:
+        prepare(model)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE}")

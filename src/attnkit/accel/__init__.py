@@ -14,9 +14,11 @@ processor: measure before relying on one).
                   ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
-    packed.py     linear layers kept in a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, multiplied by
-                  a C kernel built at first use: ``PackedLinear`` (``from_pretrained(path,
-                  dequantize=False)`` puts them in)
+    packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
+                  blocks, multiplied by a C kernel built at first use: ``PackedLinear``,
+                  ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
+    quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):
+                  ``quantize(model, "int4")``
 
 ``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
 trainer and the benchmarks run their steps inside ``onednn_products()``.
@@ -35,10 +37,12 @@ from attnkit.accel.onednn import (
     onednn_linear_available,
     onednn_products,
 )
-from attnkit.accel.packed import PackedLinear
+from attnkit.accel.packed import PackedEmbedding, PackedLinear
+from attnkit.accel.quantize import quantize
 
 __all__ = [
     "FusedLMHead",
+    "PackedEmbedding",
     "PackedLinear",
     "apply",
     "compiled_step",
@@ -51,6 +55,7 @@ __all__ = [
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",
+    "quantize",
 ]
 
 

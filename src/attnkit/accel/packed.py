@@ -43,7 +43,6 @@ __all__ = [
     "PackedLinear",
     "dequantize",
     "packed_kernel",
-    "refuse_packed",
     "register_operator",
 ]
 
@@ -152,18 +151,25 @@ def _check_blocks(where: str, blocks: Tensor, kind: str, row_length: int) -> Non
 
 
 class PackedLinear(nn.Module):
-    """``y = x W^T`` (no bias) with W (out_features, in_features) kept as rows of blocks.
+    """``y = x W^T + b`` with W (out_features, in_features) kept as rows of blocks.
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
-    model's state). Without a gradient the product goes through the packed kernel, with one
-    through ``F.linear`` on the dequantized weight.
+    model's state); ``bias`` (out_features,) float32, optional. Without a gradient the product
+    goes through the packed kernel, with one through ``F.linear`` on the dequantized weight.
     """
 
-    def __init__(self, blocks: Tensor, kind: str, in_features: int) -> None:
+    def __init__(
+        self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
+    ) -> None:
         super().__init__()
         _check_blocks("PackedLinear", blocks, kind, in_features)
+        if bias is not None and (bias.dim() != 1 or len(bias) != blocks.shape[0]):
+            raise ValueError(
+                f"PackedLinear: bias must have shape ({blocks.shape[0]},), got {tuple(bias.shape)}"
+            )
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("bias", bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.kind}"
@@ -191,9 +197,11 @@ class PackedLinear(nn.Module):
             or x.device.type != "cpu"
             or (torch.is_grad_enabled() and x.requires_grad)
         ):
-            return self._dequantized_product(x)
-        product = _operator if compiling else _packed_product  # one call in a compiled graph
-        return product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+            y = self._dequantized_product(x)
+        else:
+            product = _operator if compiling else _packed_product  # one call in a compiled graph
+            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
 class PackedEmbedding(nn.Module):
@@ -264,13 +272,3 @@ def register_operator():
 
         _operator = packed_linear
     return _operator
-
-
-def refuse_packed(model: nn.Module, what: str) -> None:
-    """A one-line ValueError if ``model`` has packed layers, which ``what`` cannot handle."""
-    if any(isinstance(m, PackedLinear) for m in model.modules()):
-        raise ValueError(
-            f"{what}: this model keeps a GGUF file's weights packed (from_pretrained(..., "
-            "dequantize=False)), which attnkit cannot save yet; load it with dequantize=True "
-            "to save it in float32"
-        )

