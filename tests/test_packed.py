@@ -21,12 +21,15 @@ from attnkit.accel.packed import (
 )
 from attnkit.interop.gguf import read_gguf
 
-KINDS = ["Q8_0", "Q4_0", "Q4_1"]
+KINDS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K"]
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     """Random blocks whose scales (and Q4_1 minimums) are finite float16 values, the extremes
-    among them: the largest (65504, either sign), the smallest subnormal, zero."""
+    among them: the largest (65504, either sign), the smallest subnormal, zero. For Q4_K,
+    random GGUF super-blocks repacked as PackedLinear keeps them."""
+    if kind == "Q4_K":
+        return packed.repack_q4_k(q4_k_file_blocks(rows, cols, seed))
     rng = np.random.default_rng(seed)
     n_bytes = BLOCK_BYTES[kind]
     blocks = rng.integers(0, 256, (rows * cols // 32, n_bytes), dtype=np.uint8)
@@ -40,11 +43,27 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tenso
     return torch.from_numpy(blocks.reshape(rows, -1))
 
 
+def q4_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random Q4_K rows as a GGUF file stores them (144 bytes per 256 weights), with float16
+    factors d and dmin that include the extremes."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    for offset in (0, 2):
+        factors = rng.normal(0, 0.01, len(blocks)).astype(np.float16)
+        factors[: min(4, len(blocks))] = [65504.0, 6e-8, 0.0, -1.0][: min(4, len(blocks))]
+        blocks[:, offset : offset + 2] = factors.view(np.uint8).reshape(-1, 2)
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_dequantize_is_gguf_quants_bit_for_bit(kind):
     blocks = random_blocks(kind, 8, 256)
-    want = gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)).ravel()
-    assert np.array_equal(dequantize(blocks, kind).numpy(), want)
+    if kind == "Q4_K":  # the repacked blocks give what gguf makes of the file's super-blocks
+        file_blocks = q4_k_file_blocks(8, 256)
+        want = gguf.quants.dequantize(file_blocks.numpy(), Q.Q4_K).ravel()
+    else:
+        want = gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)).ravel()
+    assert np.array_equal(dequantize(blocks, kind).numpy(), want, equal_nan=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -53,10 +72,11 @@ def test_packed_products_equal_the_float32_product(kind, rows):
     """Any number of rows (more than MAX_ROWS take several kernel calls) give the
     dequantized product, to float32 accumulation-order error."""
     assert packed_kernel() is not None  # make test installs gcc: the kernel must build
-    blocks = random_blocks(kind, 96, 320, seed=rows)
-    layer = PackedLinear(blocks, kind, 320)
-    weight = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)))
-    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(1))
+    cols = 512 if kind == "Q4_K" else 320  # a Q4_K row is whole super-blocks of 256
+    blocks = random_blocks(kind, 96, cols, seed=rows)
+    layer = PackedLinear(blocks, kind, cols)
+    weight = dequantize(blocks, kind).reshape(96, cols)  # gguf.quants' values (tested above)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got = layer(x)
     want = F.linear(x.double(), weight.double())
@@ -150,6 +170,25 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
     assert isinstance(again.embeddings.tokens, PackedEmbedding)
     with torch.no_grad():
         assert torch.equal(again(ids), packs(ids))
+
+
+def test_a_q4_k_file_runs_packed_and_dequantized_alike(tmp_path):
+    """Q4_K (the K-quant of most published GGUF files) is repacked at load, 32-weight groups
+    with float32 scales, and gives the dequantized model's logits and tokens."""
+    from test_interop_gguf import _llama, write_gguf
+
+    write_gguf(tmp_path / "k.gguf", _llama(d_model=256, d_ff=256, vocab=101), Q.Q4_K)
+    floats = ak.from_pretrained(tmp_path / "k.gguf")
+    packs = ak.from_pretrained(tmp_path / "k.gguf", dequantize=False)
+    assert packs.cfg.extra["weights"] == {"packed": {"Q4_K": 12}, "float32": {}}
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        want = floats(ids)
+        difference = (packs(ids) - want).abs().max().item()
+    assert difference <= 1e-5 * want.abs().max().item()
+    assert torch.equal(
+        packs.generate(ids, 12, do_sample=False), floats.generate(ids, 12, do_sample=False)
+    )
 
 
 @pytest.mark.needs("smollm2")

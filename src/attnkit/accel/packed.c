@@ -8,6 +8,8 @@
  *   Q8_0  34 bytes: float16 d, 32 int8 q                w = d * q
  *   Q4_0  18 bytes: float16 d, 16 bytes of nibbles       w = d * (q - 8)
  *   Q4_1  20 bytes: float16 d, float16 m, 16 bytes       w = d * q + m
+ *   Q4_K  24 bytes: float32 d, float32 m, 16 bytes       w = d * q + m  (a GGUF Q4_K
+ *         super-block's 32-weight groups, repacked at load: d and m are exact in float32)
  *
  * In the 16 bytes of a 4-bit block, the low nibbles are weights 0-15, the high ones 16-31.
  * A block's share of y is computed as d * (q . x_b) + m * sum(x_b): the integers q become
@@ -110,6 +112,13 @@ static inline void load_q4_1(const uint8_t *b, vec *w, float *d, float *m) {
     *m = half_to_float(b + 2);
     nibble_floats(b + 4, table, w);
 }
+
+static inline void load_q4_k(const uint8_t *b, vec *w, float *d, float *m) {
+    const vec table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    nibble_floats(b + 8, table, w);
+}
 #else /* AVX2 */
 static inline void nibbles(const uint8_t *qs, __m128i *lo, __m128i *hi) {
     const __m128i q = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
@@ -132,6 +141,15 @@ static inline void load_q4_1(const uint8_t *b, vec *w, float *d, float *m) {
     *d = half_to_float(b);
     *m = half_to_float(b + 2);
     nibbles(b + 4, &lo, &hi);
+    u8_to_vec(lo, w);
+    u8_to_vec(hi, w + NV / 2);
+}
+
+static inline void load_q4_k(const uint8_t *b, vec *w, float *d, float *m) {
+    __m128i lo, hi;
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    nibbles(b + 8, &lo, &hi);
     u8_to_vec(lo, w);
     u8_to_vec(hi, w + NV / 2);
 }
@@ -200,6 +218,13 @@ static inline void load_q4_1(const uint8_t *b, float *w, float *d, float *m) {
     for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[4 + j] >> 4);
 }
 
+static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[8 + j] & 15);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[8 + j] >> 4);
+}
+
 #define PACKED_MATMUL(NAME, LOAD, BLOCK_BYTES)                                                 \
     static void NAME(const uint8_t *W, const float *x, const float *sums, float *y, int rows,  \
                      int N, int K, int threads) {                                              \
@@ -227,14 +252,15 @@ static inline void load_q4_1(const uint8_t *b, float *w, float *d, float *m) {
 PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
 PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
 PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
+PACKED_MATMUL(matmul_q4_k, load_q4_k, 24)
 
-/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1. x: (rows, K), y: (rows, N), rows <= MAX_ROWS. threads:
+/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N), rows <= MAX_ROWS. threads:
  * passed by the caller (torch's count), because a thread other than the main one would
  * otherwise get OpenMP's default team, which measured as one thread under torch.
  * Returns 0, or -1 for arguments it cannot take, -2 when out of memory. */
 int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
                   int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 2) return -1;
+    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
     const int nb = K / QK;
     float *sums = malloc(sizeof(float) * (size_t)rows * nb);
     if (sums == NULL) return -2;
@@ -246,7 +272,8 @@ int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows
         }
     if (kind == 0) matmul_q8_0(W, x, sums, y, rows, N, K, threads);
     else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, threads);
-    else matmul_q4_1(W, x, sums, y, rows, N, K, threads);
+    else if (kind == 2) matmul_q4_1(W, x, sums, y, rows, N, K, threads);
+    else matmul_q4_k(W, x, sums, y, rows, N, K, threads);
     free(sums);
     return 0;
 }

@@ -1,4 +1,4 @@
-"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1).
+"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1, Q4_K).
 
 Decoding a token multiplies one row by every weight matrix, so its speed is set by the bytes
 of weights read per token (``bench/gguf_kernel.py``: on a 2-core EPYC both float32 ``F.linear``
@@ -7,7 +7,8 @@ float32 weights they stand for, so :class:`PackedLinear` keeps them as they are 
 with a small C kernel (``packed.c``, AVX-512 or AVX2 where the processor has them) that reads
 each block once and uses it for every row::
 
-    y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m
+    y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m,
+                                     Q4_K w = d q + m per 32 weights (repack_q4_k)
     block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
 
 Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_linear``
@@ -44,10 +45,12 @@ __all__ = [
     "dequantize",
     "packed_kernel",
     "register_operator",
+    "repack_q4_k",
 ]
 
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # bytes per block of 32 weights
-_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24}  # bytes per block of 32 weights
+_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
+Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for F.linear
 _SOURCE = Path(__file__).with_name("packed.c")
@@ -67,10 +70,15 @@ def dequantize(blocks: Tensor, kind: str) -> Tensor:
     """uint8 blocks (any shape whose bytes are whole blocks) -> float32 values, flat.
 
     The same arithmetic as ``gguf.quants`` in the same order, so the values are bit for bit
-    the same (tested on random blocks, extreme scales among them)."""
+    the same (tested on random blocks, extreme scales among them). ``"Q4_K"`` means the blocks
+    :func:`repack_q4_k` makes."""
     if kind not in BLOCK_BYTES:
         raise ValueError(f"dequantize: kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
     blocks = blocks.reshape(-1, BLOCK_BYTES[kind])
+    if kind == "Q4_K":
+        d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
+        qs = blocks[:, 8:]
+        return (d * torch.cat([qs & 0x0F, qs >> 4], dim=1).float() + m).ravel()
     if kind == "Q8_0":
         return (blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)).ravel()
     qs = blocks[:, 4:] if kind == "Q4_1" else blocks[:, 2:]
@@ -78,6 +86,29 @@ def dequantize(blocks: Tensor, kind: str) -> Tensor:
     if kind == "Q4_0":
         return (_halves(blocks, 0) * (nibbles.to(torch.int8) - 8).float()).ravel()
     return (_halves(blocks, 0) * nibbles.float() + _halves(blocks, 2)).ravel()
+
+
+def repack_q4_k(data: Tensor) -> Tensor:
+    """GGUF Q4_K rows, uint8 (rows, n / 256 * 144), -> the blocks PackedLinear keeps for them,
+    uint8 (rows, n / 32 * 24).
+
+    A Q4_K super-block holds 8 groups of 32 weights, each with a 6-bit scale and a 6-bit
+    minimum under two float16 factors: ``w = (d sc) q - (dmin m)``. Each group becomes a
+    block of its own, float32 ``d sc`` and ``-(dmin m)`` (both products are exact in float32)
+    and its 16 bytes of nibbles in Q4_1's order, so the kernel reads it as it reads Q4_1."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, Q4_K_BYTES)  # (S, 144)
+    d, dmin = (blocks[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
+    packed_scales = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scales and minimums, (S, 3, 4)
+    low, high, rest = packed_scales.unbind(1)
+    scales = torch.cat([low & 63, (rest & 15) | ((low >> 2) & 48)], dim=1)  # (S, 8)
+    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 2) & 48)], dim=1)
+    scale, minimum = d * scales.float(), -(dmin * minimums.float())  # (S, 8), exact
+    qs = blocks[:, 16:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
+    q = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)  # (S, 8 groups, 32)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16 share a byte
+    parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
+    return torch.cat([*parts, nibbles], dim=-1).reshape(rows, -1)  # (rows, groups * 24)
 
 
 # --------------------------------------------------------------------------------------------

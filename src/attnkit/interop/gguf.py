@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear
+from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, repack_q4_k
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
@@ -205,9 +205,18 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     """Q8_0, Q4_0 and Q4_1 blocks (a numpy view of the file) -> float32 values (flat), in
     torch and bit for bit ``gguf.quants`` (:func:`attnkit.accel.packed.dequantize`); None for
     other types."""
-    if kind not in BLOCK_BYTES:
+    if kind not in AS_STORED:
         return None
     return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
+
+
+AS_STORED = ("Q8_0", "Q4_0", "Q4_1")  # packed layers read the file's blocks as they are
+
+
+def _file_blocks(tensor: GGUFTensor) -> Tensor:
+    """A packable tensor's rows of blocks: a view of the file, or for Q4_K a repacked copy."""
+    blocks = torch.from_numpy(tensor.data)  # (out, bytes per row)
+    return repack_q4_k(blocks) if tensor.tensor_type.name == "Q4_K" else blocks
 
 
 def _dequantize(tensor, source: str) -> Tensor:
@@ -324,15 +333,15 @@ def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Te
     if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_BYTES:
         return None
     rows = [
-        unpermute(torch.from_numpy(t.data), n) if n else torch.from_numpy(t.data)
+        unpermute(_file_blocks(t), n) if n else _file_blocks(t)
         for t, n in zip(tensors, heads, strict=True)
-    ]  # each (out, bytes per row); a view of the file unless unpermuted
+    ]  # each (out, bytes per row); a view of the file unless unpermuted or repacked
     return (torch.cat(rows) if len(rows) > 1 else rows[0]), next(iter(kinds))
 
 
 def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor]) -> None:
     """Replace the model's linear layers with PackedLinear, and its token table with
-    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0 or Q4_1 (tied
+    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1 or Q4_K (tied
     embeddings: the output layer and the table share the table's blocks)."""
     cfg = model.cfg
     packed: Counter = Counter()

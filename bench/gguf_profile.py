@@ -1,0 +1,117 @@
+"""Where one decoding step of packed SmolLM2-135M-Instruct (Q4_1) spends its time, against
+what the memory allows.
+
+- the step: median seconds per token over 48 greedy tokens after a 12-token prompt;
+- the packed products: the time spent inside ``PackedLinear`` in those steps (the kernel, and
+  the few tensor operations around each call);
+- the rest: norms, RoPE, attention, the KV cache, residual adds, module calls: counted as the
+  number of tensor operations (ATen calls) one step makes;
+- the floor: the bytes of weights one token reads (every block once), divided by the read
+  bandwidth measured here (summing a 512 MB tensor on the same threads).
+
+    python bench/gguf_profile.py [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnkit as ak
+from attnkit.accel import packed
+from attnkit.interop import load_tokenizer_for
+from gguf_speed import PROMPT, model_path
+from training import cpu_description
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def read_bandwidth() -> float:
+    data = torch.ones(128 * 2**20)  # 512 MB
+    data.sum()
+    start = time.perf_counter()
+    for _ in range(5):
+        data.sum()
+    return 5 * data.numel() * 4 / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
+    model = ak.from_pretrained(model_path(), dequantize=False)
+    ids = torch.tensor([load_tokenizer_for(model_path()).encode(PROMPT)])
+    layers = [m for m in model.modules() if isinstance(m, packed.PackedLinear)]
+    weight_bytes = sum(m.blocks.numel() for m in layers)
+
+    inside = [0.0]
+    forward = packed.PackedLinear.forward
+
+    def timed(layer, x):
+        start = time.perf_counter()
+        out = forward(layer, x)
+        inside[0] += time.perf_counter() - start
+        return out
+
+    model.generate(ids, 4, do_sample=False)  # warm-up: the kernel is built and loaded
+    steps, products = [], []
+    stamps: list[float] = []
+    packed.PackedLinear.forward = timed
+    try:
+        for _ in range(3):
+            model.generate(ids, 2, do_sample=False)
+            stamps.clear()
+            inside[0] = 0.0
+            model.generate(
+                ids, 49, do_sample=False, on_token=lambda t: stamps.append(time.perf_counter())
+            )
+            steps.append((stamps[-1] - stamps[0]) / 48)
+            products.append(inside[0] / 49)  # the prompt's products are a small share
+    finally:
+        packed.PackedLinear.forward = forward
+
+    from attnkit import generation
+
+    step_fn, counts = generation._lm_step, []
+
+    def counting(model_, tokens, mask, cache):
+        if tokens.shape[1] == 1 and not counts:
+            with CountOps() as mode:
+                out = step_fn(model_, tokens, mask, cache)
+            counts.append(mode.count)
+            return out
+        return step_fn(model_, tokens, mask, cache)
+
+    generation._lm_step = counting
+    try:
+        model.generate(ids, 3, do_sample=False)
+    finally:
+        generation._lm_step = step_fn
+
+    bandwidth = read_bandwidth()
+    step, product = statistics.median(steps), statistics.median(products)
+    mb = weight_bytes / 1e6
+    print(f"decoding step        {step * 1e3:7.1f} ms  ({1 / step:.1f} tokens/s)")
+    print(f"  packed products    {product * 1e3:7.1f} ms  ({len(layers)} layers, {mb:.1f} MB)")
+    print(f"  everything else    {(step - product) * 1e3:7.1f} ms  ({counts[0]} tensor operations)")
+    print(f"read bandwidth       {bandwidth / 1e9:7.1f} GB/s (summing 512 MB)")
+    floor = weight_bytes / bandwidth
+    print(f"floor: the blocks    {floor * 1e3:7.1f} ms per token ({1 / floor:.0f} tokens/s)")
+
+
+if __name__ == "__main__":
+    main()
