@@ -222,15 +222,13 @@ class PackedLinear(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
-        compiling = torch.compiler.is_compiling()
-        if (
-            (_operator is None if compiling else packed_kernel() is None)
-            or x.device.type != "cpu"
-            or (torch.is_grad_enabled() and x.requires_grad)
-        ):
+        if torch.compiler.is_compiling():  # one call in the compiled graph
+            usable, product = _operator is not None, _operator
+        else:
+            usable, product = packed_kernel() is not None, _packed_product
+        if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
             y = self._dequantized_product(x)
         else:
-            product = _operator if compiling else _packed_product  # one call in a compiled graph
             y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
@@ -257,26 +255,23 @@ class PackedEmbedding(nn.Module):
 
 def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
     """``x W^T`` by the packed kernel, x (..., in_features): ``MAX_ROWS`` rows at a time (a
-    prompt's rows in several calls, each reading the weights once)."""
+    prompt's rows in several calls, each reading the weights once). Written for a small call
+    cost: a decoding step makes one call per linear layer."""
     in_features = x.shape[-1]
-    flat = x.reshape(-1, in_features).float().contiguous()  # (rows, in)
-    out = torch.empty(len(flat), out_features)
-    kernel, threads = packed_kernel(), torch.get_num_threads()
-    for start in range(0, len(flat), MAX_ROWS):
-        rows = min(MAX_ROWS, len(flat) - start)
-        status = kernel.packed_matmul(
-            kind,
-            blocks.data_ptr(),
-            flat[start].data_ptr(),
-            out[start].data_ptr(),
-            rows,
-            out_features,
-            in_features,
-            threads,
-        )
+    flat = x.reshape(-1, in_features)  # (rows, in)
+    if flat.dtype != torch.float32 or not flat.is_contiguous():
+        flat = flat.float().contiguous()
+    rows = flat.shape[0]
+    out = torch.empty(*x.shape[:-1], out_features)
+    kernel, threads = packed_kernel().packed_matmul, torch.get_num_threads()
+    x_at, y_at, w_at = flat.data_ptr(), out.data_ptr(), blocks.data_ptr()
+    for start in range(0, rows, MAX_ROWS):  # 4-byte floats: the rows' addresses
+        n = min(MAX_ROWS, rows - start)
+        x_row, y_row = x_at + 4 * start * in_features, y_at + 4 * start * out_features
+        status = kernel(kind, w_at, x_row, y_row, n, out_features, in_features, threads)
         if status != 0:  # cannot happen for shapes PackedLinear checked
-            raise RuntimeError(f"packed_matmul refused {rows} rows of {in_features} ({status})")
-    return out.reshape(*x.shape[:-1], out_features).to(x.dtype)
+            raise RuntimeError(f"packed_matmul refused {n} rows of {in_features} ({status})")
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 # The kernel as an operator, torch.ops.attnkit.packed_linear, once register_operator() ran.
