@@ -80,6 +80,9 @@ bench: $(STAMP)
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install llama-cpp-python==0.3.36
 	$(BIN)/python bench/gguf_kernel.py
 	$(BIN)/python bench/gguf_speed.py
+	$(BIN)/python bench/gguf_profile.py
+	$(BIN)/python bench/gguf_agreement.py
+	$(BIN)/python bench/quantize_cost.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -6,6 +6,8 @@ what the memory allows.
   the few tensor operations around each call);
 - the rest: norms, RoPE, attention, the KV cache, residual adds, module calls: counted as the
   number of tensor operations (ATen calls) one step makes;
+- the kernel alone: the C kernel called directly on every layer's blocks, one after the other
+  as in a step, without the Python around it;
 - the floor: the bytes of weights one token reads (every block once), divided by the read
   bandwidth measured here (summing a 512 MB tensor on the same threads).
 
@@ -102,11 +104,25 @@ def main() -> None:
     finally:
         generation._lm_step = step_fn
 
+    kernel, codes = packed.packed_kernel(), packed._KIND_CODES
+    rows = {m.in_features: torch.randn(m.in_features) for m in layers}
+    outs = [torch.empty(m.out_features) for m in layers]
+    alone = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for m, out in zip(layers, outs, strict=True):
+            x = rows[m.in_features]
+            kernel.packed_matmul(
+                codes[m.kind], m.blocks.data_ptr(), x.data_ptr(), out.data_ptr(), 1,
+                m.out_features, m.in_features, args.threads,
+            )  # fmt: skip
+        alone.append(time.perf_counter() - start)
     bandwidth = read_bandwidth()
     step, product = statistics.median(steps), statistics.median(products)
     mb = weight_bytes / 1e6
     print(f"decoding step        {step * 1e3:7.1f} ms  ({1 / step:.1f} tokens/s)")
     print(f"  packed products    {product * 1e3:7.1f} ms  ({len(layers)} layers, {mb:.1f} MB)")
+    print(f"    the kernel alone {statistics.median(alone) * 1e3:7.1f} ms")
     print(f"  everything else    {(step - product) * 1e3:7.1f} ms  ({counts[0]} tensor operations)")
     print(f"read bandwidth       {bandwidth / 1e9:7.1f} GB/s (summing 512 MB)")
     floor = weight_bytes / bandwidth
