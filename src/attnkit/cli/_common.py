@@ -26,8 +26,9 @@ def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dequantize",
         action="store_true",
-        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0 and Q4_1 "
-        "layers stay in their blocks, which decodes about 2x faster with the same greedy tokens)",
+        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0, Q4_1 and Q4_K "
+        "layers stay in their blocks, which decodes about 2.5x faster in a third of the memory, "
+        "with the same greedy tokens)",
     )
 
 
