@@ -67,15 +67,17 @@ def test_dequantize_is_gguf_quants_bit_for_bit(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1, 3 * MAX_ROWS + 5])
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1, packed.PROMPT_ROWS + 5])
 def test_packed_products_equal_the_float32_product(kind, rows):
-    """Any number of rows (more than MAX_ROWS take several kernel calls) give the
-    dequantized product, to float32 accumulation-order error."""
+    """Any number of rows (more than MAX_ROWS take several kernel calls, more than PROMPT_ROWS
+    a GEMM on the dequantized weight) give the dequantized product, to float32
+    accumulation-order error."""
     assert packed_kernel() is not None  # make test installs gcc: the kernel must build
     cols = 512 if kind == "Q4_K" else 320  # a Q4_K row is whole super-blocks of 256
     blocks = random_blocks(kind, 96, cols, seed=rows)
     layer = PackedLinear(blocks, kind, cols)
     weight = dequantize(blocks, kind).reshape(96, cols)  # gguf.quants' values (tested above)
+    assert torch.equal(packed._dequantized(blocks, kind, cols), weight)  # the kernel's, too
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got = layer(x)

@@ -33,6 +33,7 @@
 typedef __m512 vec;
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, a) _mm512_storeu_ps(p, a)
 #define vmul(a, b) _mm512_mul_ps(a, b)
 #define vfmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vset1(s) _mm512_set1_ps(s)
@@ -45,6 +46,7 @@ static inline void i8_to_vec(__m128i q, vec *w) { w[0] = _mm512_cvtepi32_ps(_mm5
 typedef __m256 vec;
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, a) _mm256_storeu_ps(p, a)
 #define vmul(a, b) _mm256_mul_ps(a, b)
 #define vfmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vset1(s) _mm256_set1_ps(s)
@@ -196,6 +198,24 @@ static inline void load_q4_k(const uint8_t *b, vec *w, float *d, float *m) {
         }                                                                                      \
     }
 
+/* W as float32 rows, out[n * K + k]: for a prompt, whose product then goes through a GEMM. */
+#define DEQUANTIZE(NAME, LOAD, BLOCK_BYTES)                                                    \
+    static void NAME(const uint8_t *W, float *out, int N, int K, int threads) {                \
+        const int nb = K / QK;                                                                 \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int n = 0; n < N; n++) {                                                          \
+            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                             \
+            for (int b = 0; b < nb; b++) {                                                     \
+                vec w[NV];                                                                     \
+                float d, m;                                                                    \
+                LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                \
+                float *o = out + (size_t)n * K + (size_t)b * QK;                               \
+                for (int v = 0; v < NV; v++)                                                   \
+                    vstore(o + v * LANES, vfmadd(w[v], vset1(d), vset1(m)));                   \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
 #else /* plain C: each block decoded to 32 floats, then used for every row */
 
 static inline void load_q8_0(const uint8_t *b, float *w, float *d, float *m) {
@@ -247,14 +267,46 @@ static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
             for (int r = 0; r < rows; r++) y[(size_t)r * N + n] = acc[r];                     \
         }                                                                                      \
     }
+
+#define DEQUANTIZE(NAME, LOAD, BLOCK_BYTES)                                                    \
+    static void NAME(const uint8_t *W, float *out, int N, int K, int threads) {                \
+        const int nb = K / QK;                                                                 \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int n = 0; n < N; n++) {                                                          \
+            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                             \
+            for (int b = 0; b < nb; b++) {                                                     \
+                float w[QK], d, m;                                                             \
+                LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                \
+                float *o = out + (size_t)n * K + (size_t)b * QK;                               \
+                for (int j = 0; j < QK; j++) o[j] = w[j] * d + m;                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
 #endif
 
 PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
 PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
 PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
 PACKED_MATMUL(matmul_q4_k, load_q4_k, 24)
+DEQUANTIZE(dequantize_q8_0, load_q8_0, 34)
+DEQUANTIZE(dequantize_q4_0, load_q4_0, 18)
+DEQUANTIZE(dequantize_q4_1, load_q4_1, 20)
+DEQUANTIZE(dequantize_q4_k, load_q4_k, 24)
 
-/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N), rows <= MAX_ROWS. threads:
+/* W (N rows of K weights) as float32, out: (N, K). d * q is exact in float32 in every format,
+ * so d * q + m rounds once, as gguf's dequantization does: the values are the same bit for bit.
+ * Returns 0, or -1 for arguments it cannot take. */
+int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int threads) {
+    if (K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
+    if (kind == 0) dequantize_q8_0(W, out, N, K, threads);
+    else if (kind == 1) dequantize_q4_0(W, out, N, K, threads);
+    else if (kind == 2) dequantize_q4_1(W, out, N, K, threads);
+    else dequantize_q4_k(W, out, N, K, threads);
+    return 0;
+}
+
+/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N),
+ * rows <= MAX_ROWS. threads:
  * passed by the caller (torch's count), because a thread other than the main one would
  * otherwise get OpenMP's default team, which measured as one thread under torch.
  * Returns 0, or -1 for arguments it cannot take, -2 when out of memory. */

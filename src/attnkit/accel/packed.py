@@ -16,9 +16,11 @@ Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_li
 
 The kernel is compiled at first use with the machine's C compiler (``-O3 -march=native
 -fopenmp``) into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed by the source
-and the processor, so a second process loads it at once. A prompt goes through it ``MAX_ROWS``
-rows at a time. A gradient, or no compiler: the blocks are dequantized to float32
-(:func:`dequantize`, bit for bit ``gguf.quants``) and go through ``F.linear``.
+and the processor, so a second process loads it at once. Up to ``PROMPT_ROWS`` rows go through
+it, ``MAX_ROWS`` at a time. A longer input (a prompt), a gradient, or no compiler: the blocks
+are dequantized to float32 (by the kernel's one-pass ``packed_dequantize``, or by
+:func:`dequantize` without it; both bit for bit ``gguf.quants``), a few thousand rows at a time,
+and go through ``F.linear``, whose GEMM reuses each weight for many rows.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
 Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for F.linear
+PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
 _SOURCE = Path(__file__).with_name("packed.c")
 
 
@@ -157,6 +160,8 @@ def packed_kernel():
     kernel = ctypes.CDLL(str(library))
     kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4]
     kernel.packed_matmul.restype = ctypes.c_int
+    kernel.packed_dequantize.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 3]
+    kernel.packed_dequantize.restype = ctypes.c_int
     return kernel
 
 
@@ -185,8 +190,9 @@ class PackedLinear(nn.Module):
     """``y = x W^T + b`` with W (out_features, in_features) kept as rows of blocks.
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
-    model's state); ``bias`` (out_features,) float32, optional. Without a gradient the product
-    goes through the packed kernel, with one through ``F.linear`` on the dequantized weight.
+    model's state); ``bias`` (out_features,) float32, optional. Up to ``PROMPT_ROWS`` rows
+    without a gradient go through the packed kernel; anything else through ``F.linear`` on the
+    dequantized weight.
     """
 
     def __init__(
@@ -212,25 +218,43 @@ class PackedLinear(nn.Module):
     def _dequantized_product(self, x: Tensor) -> Tensor:
         """``F.linear`` on the dequantized weight, ``DEQUANTIZED_ROWS`` output features at a
         time: a large layer (an output layer over a vocabulary) is never float32 whole."""
-        if self.out_features <= DEQUANTIZED_ROWS:
-            return F.linear(x, self.dequantized().to(x.dtype))
         parts = []
         for start in range(0, self.out_features, DEQUANTIZED_ROWS):
             rows = self.blocks[start : start + DEQUANTIZED_ROWS]
-            weight = dequantize(rows, self.kind).reshape(len(rows), self.in_features)
-            parts.append(F.linear(x, weight.to(x.dtype)))
-        return torch.cat(parts, dim=-1)
+            parts.append(F.linear(x, _dequantized(rows, self.kind, self.in_features).to(x.dtype)))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one call in the compiled graph
             usable, product = _operator is not None, _operator
         else:
             usable, product = packed_kernel() is not None, _packed_product
-        if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
-            y = self._dequantized_product(x)
+        if (
+            not usable
+            or x.device.type != "cpu"
+            or (x.requires_grad and torch.is_grad_enabled())
+            or x.numel() > PROMPT_ROWS * self.in_features
+        ):
+            y = self._dequantized_product(x)  # a prompt: a GEMM beats the kernel
         else:
             y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
+    """Rows of blocks as a float32 matrix: by the C kernel where it is built (one pass, the
+    same values bit for bit), else by :func:`dequantize`."""
+    kernel = packed_kernel()
+    if kernel is None or not blocks.is_contiguous():
+        return dequantize(blocks, kind).reshape(len(blocks), in_features)
+    out = torch.empty(len(blocks), in_features)
+    threads = torch.get_num_threads()
+    status = kernel.packed_dequantize(
+        _KIND_CODES[kind], blocks.data_ptr(), out.data_ptr(), len(blocks), in_features, threads
+    )
+    if status != 0:  # cannot happen for blocks PackedLinear checked
+        raise RuntimeError(f"packed_dequantize refused {kind} rows of {in_features} ({status})")
+    return out
 
 
 class PackedEmbedding(nn.Module):
