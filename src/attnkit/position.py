@@ -176,12 +176,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x * cos + rotate_half(x) * sin, in float32 at least."""
+    """x * cos + rotate_half(x) * sin, in float32 at least (cos and sin are float32)."""
+    if x.dtype in (torch.float16, torch.bfloat16):  # rotate in float32, then back
+        return _rotated(x.float(), cos, sin).to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)  # rotate_half(x)
-    dtype = torch.promote_types(x.dtype, torch.float32)  # rotate in float32 at least
-    out = x.to(dtype) * cos.to(dtype) + rotated.to(dtype) * sin.to(dtype)
-    return out.to(x.dtype)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # rotate_half(x) = [-x2, x1]
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
