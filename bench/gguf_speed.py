@@ -1,6 +1,8 @@
 """SmolLM2-135M-Instruct from its GGUF file: attnkit with the weights kept in their blocks
-(``from_pretrained(path, dequantize=False)``) against attnkit with every weight in float32, and
-llama.cpp (``llama-cpp-python``) when it is installed.
+(``from_pretrained(path, dequantize=False)``) against attnkit with every weight in float32,
+Hugging Face ``transformers`` reading the same file (``gguf_file=``, every weight dequantized;
+its decode time is a whole ``generate`` call less its first token), and llama.cpp
+(``llama-cpp-python``) when it is installed.
 
 Each candidate runs in a fresh process (so that its peak memory is its own), one after the
 other, with the same prompt, the same thread count and greedy decoding:
@@ -75,6 +77,43 @@ def run_attnkit(packed: bool, threads: int, new_tokens: int) -> dict:
     }
 
 
+def run_hugging_face(threads: int, new_tokens: int) -> dict:
+    """transformers reading the same GGUF file (it dequantizes every weight to float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    path = model_path()
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    load = time.perf_counter() - start
+    short = torch.tensor([tokenizer.encode(PROMPT, add_special_tokens=False)])
+    long = torch.tensor([(tokenizer.encode(PROMPT * 20, add_special_tokens=False) * 2)[:256]])
+    with torch.no_grad():
+        model(short)  # warm-up
+        start = time.perf_counter()
+        model(long)
+        prompt = 256 / (time.perf_counter() - start)
+        model.generate(short, max_new_tokens=2, do_sample=False)
+        start = time.perf_counter()
+        model.generate(short, max_new_tokens=1, do_sample=False)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        out = model.generate(
+            short, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+        )
+        total = time.perf_counter() - start
+    return {
+        "load": load,
+        "prompt": prompt,
+        "first": first,
+        "decode": (new_tokens - 1) / (total - first),
+        "tokens": out[0, short.shape[1] :].tolist(),
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
 def run_llama_cpp(threads: int, new_tokens: int) -> dict:
     from llama_cpp import Llama
 
@@ -110,18 +149,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
-    workers = ["packed", "float32", "llama.cpp"]
+    workers = ["packed", "float32", "llama.cpp", "transformers"]
     parser.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         if args.worker == "llama.cpp":
             result = run_llama_cpp(args.threads, args.new_tokens)
+        elif args.worker == "transformers":
+            result = run_hugging_face(args.threads, args.new_tokens)
         else:
             result = run_attnkit(args.worker == "packed", args.threads, args.new_tokens)
         print(json.dumps(result))
         return
     print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
-    candidates = ["float32", "packed"]
+    candidates = ["float32", "packed", "transformers"]
     if importlib.util.find_spec("llama_cpp") is not None:
         candidates.append("llama.cpp")
     else:
@@ -135,7 +176,12 @@ def main() -> None:
     reference = results["float32"]["tokens"]
     header = ("", "load s", "prompt tok/s", "first token s", "decode tok/s", "peak RSS MB")
     print("{:<22} {:>7} {:>13} {:>14} {:>13} {:>12}  greedy = float32".format(*header))
-    labels = {"float32": "attnkit float32", "packed": "attnkit packed", "llama.cpp": "llama.cpp"}
+    labels = {
+        "float32": "attnkit float32",
+        "packed": "attnkit packed",
+        "llama.cpp": "llama.cpp",
+        "transformers": "Hugging Face",
+    }
     for name, r in results.items():
         pairs = list(zip(r["tokens"], reference, strict=False))
         differ = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
