@@ -87,6 +87,37 @@ def test_packed_products_equal_the_float32_product(kind, rows):
     assert bool(((got.double() - want).abs() <= 1e-5 * scale + 1e-30).all())
 
 
+@pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], ["-march=x86-64"]], ids=str)
+def test_the_avx2_and_plain_c_kernels_agree(tmp_path, flags):
+    """This machine builds the AVX-512 kernel; other processors get the AVX2 or the plain C
+    code of the same file. Both are built here and checked like the native one."""
+    import ctypes
+    import subprocess
+
+    library = tmp_path / "packed.so"
+    source = str(packed._SOURCE)
+    build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", source, "-o", str(library)]
+    subprocess.run(build, check=True, capture_output=True)
+    kernel = ctypes.CDLL(str(library))
+    kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4]
+    kernel.packed_dequantize.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 3]
+    for kind in KINDS:
+        blocks = random_blocks(kind, 40, 512, seed=3)
+        weight = dequantize(blocks, kind).reshape(40, 512)
+        out = torch.empty(40, 512)
+        code = packed._KIND_CODES[kind]
+        assert kernel.packed_dequantize(code, blocks.data_ptr(), out.data_ptr(), 40, 512, 2) == 0
+        assert torch.equal(out, weight)
+        for rows in (1, 5):
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+            y = torch.empty(rows, 40)
+            pointers = (blocks.data_ptr(), x.data_ptr(), y.data_ptr())
+            assert kernel.packed_matmul(code, *pointers, rows, 40, 512, 2) == 0
+            want = x.double() @ weight.double().T
+            scale = x.abs().double() @ weight.abs().double().T
+            assert bool(((y.double() - want).abs() <= 1e-5 * scale + 1e-30).all()), (kind, rows)
+
+
 def test_rows_are_computed_alone():
     """A row's result does not depend on the other rows in the call (batched decoding gives
     the same tokens as decoding alone)."""
