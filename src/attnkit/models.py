@@ -112,7 +112,9 @@ class _Model(nn.Module):
         ``attnkit.from_pretrained(directory)`` reads it back exactly (packed layers too)."""
         from attnkit.accel.quantize import packed_layout
 
-        self.cfg.extra["packed"] = packed_layout(self)  # which layers hold blocks
+        self.cfg.extra["packed"] = packed_layout(self)  # which layers hold blocks, if any
+        if not self.cfg.extra["packed"]:
+            del self.cfg.extra["packed"]
         return serialization.save_pretrained(self, directory, tokenizer=tokenizer)
 
     def extra_meta(self) -> dict:

@@ -64,14 +64,22 @@ static inline void i8_to_vec(__m128i q, vec *w) {
     w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
 }
-#else
-#define LANES 0 /* plain C */
+#else /* plain C: a "vector" of one float, so the loops below serve every build */
+#define LANES 1
+typedef float vec;
+#define vzero() 0.0f
+#define vload(p) (*(p))
+#define vstore(p, a) (*(p) = (a))
+#define vmul(a, b) ((a) * (b))
+#define vfmadd(a, b, c) ((a) * (b) + (c))
+#define vset1(s) (s)
+#define vsum(a) (a)
 #endif
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-#if LANES
+#if LANES > 1
     return _cvtsh_ss(h);
 #else
     _Float16 f;
@@ -80,9 +88,9 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
-#if LANES
 #define NV (QK / LANES) /* vectors per block */
 
+#if LANES > 1
 /* One block -> its 32 integer weights as NV float vectors, its scale d and minimum m. */
 static inline void load_q8_0(const uint8_t *b, vec *w, float *d, float *m) {
     *d = half_to_float(b);
@@ -157,6 +165,36 @@ static inline void load_q4_k(const uint8_t *b, vec *w, float *d, float *m) {
 }
 #endif
 
+#else /* plain C: each block decoded to 32 floats */
+
+static inline void load_q8_0(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = 0.0f;
+    for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)b[2 + j];
+}
+
+static inline void load_q4_0(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = 0.0f;
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)((b[2 + j] & 15) - 8);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)((b[2 + j] >> 4) - 8);
+}
+
+static inline void load_q4_1(const uint8_t *b, float *w, float *d, float *m) {
+    *d = half_to_float(b);
+    *m = half_to_float(b + 2);
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[4 + j] & 15);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[4 + j] >> 4);
+}
+
+static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[8 + j] & 15);
+    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[8 + j] >> 4);
+}
+#endif
+
 /* y[r, n] for rows r < ROWS: every block loaded once, then used for each row of x.
  * sums[r * nb + b] = the sum of x's block b in row r (for the minimum m). */
 #define ROWS_LOOP(ROWS, LOAD, BLOCK_BYTES)                                                     \
@@ -215,74 +253,6 @@ static inline void load_q4_k(const uint8_t *b, vec *w, float *d, float *m) {
             }                                                                                  \
         }                                                                                      \
     }
-
-#else /* plain C: each block decoded to 32 floats, then used for every row */
-
-static inline void load_q8_0(const uint8_t *b, float *w, float *d, float *m) {
-    *d = half_to_float(b);
-    *m = 0.0f;
-    for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)b[2 + j];
-}
-
-static inline void load_q4_0(const uint8_t *b, float *w, float *d, float *m) {
-    *d = half_to_float(b);
-    *m = 0.0f;
-    for (int j = 0; j < QK / 2; j++) w[j] = (float)((b[2 + j] & 15) - 8);
-    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)((b[2 + j] >> 4) - 8);
-}
-
-static inline void load_q4_1(const uint8_t *b, float *w, float *d, float *m) {
-    *d = half_to_float(b);
-    *m = half_to_float(b + 2);
-    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[4 + j] & 15);
-    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[4 + j] >> 4);
-}
-
-static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
-    memcpy(d, b, 4);
-    memcpy(m, b + 4, 4);
-    for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[8 + j] & 15);
-    for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[8 + j] >> 4);
-}
-
-#define PACKED_MATMUL(NAME, LOAD, BLOCK_BYTES)                                                 \
-    static void NAME(const uint8_t *W, const float *x, const float *sums, float *y, int rows,  \
-                     int N, int K, int threads) {                                              \
-        const int nb = K / QK;                                                                 \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
-        for (int n = 0; n < N; n++) {                                                          \
-            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                             \
-            float acc[MAX_ROWS];                                                               \
-            for (int r = 0; r < rows; r++) acc[r] = 0.0f;                                      \
-            for (int b = 0; b < nb; b++) {                                                     \
-                float w[QK], d, m;                                                             \
-                LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                \
-                for (int r = 0; r < rows; r++) {                                               \
-                    const float *xb = x + (size_t)r * K + (size_t)b * QK;                      \
-                    float s = 0.0f;                                                            \
-                    for (int j = 0; j < QK; j++) s += w[j] * xb[j];                            \
-                    acc[r] += d * s + m * sums[(size_t)r * nb + b];                            \
-                }                                                                              \
-            }                                                                                  \
-            for (int r = 0; r < rows; r++) y[(size_t)r * N + n] = acc[r];                     \
-        }                                                                                      \
-    }
-
-#define DEQUANTIZE(NAME, LOAD, BLOCK_BYTES)                                                    \
-    static void NAME(const uint8_t *W, float *out, int N, int K, int threads) {                \
-        const int nb = K / QK;                                                                 \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
-        for (int n = 0; n < N; n++) {                                                          \
-            const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                             \
-            for (int b = 0; b < nb; b++) {                                                     \
-                float w[QK], d, m;                                                             \
-                LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                \
-                float *o = out + (size_t)n * K + (size_t)b * QK;                               \
-                for (int j = 0; j < QK; j++) o[j] = w[j] * d + m;                              \
-            }                                                                                  \
-        }                                                                                      \
-    }
-#endif
 
 PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
 PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)

@@ -213,7 +213,7 @@ class PackedLinear(nn.Module):
 
     def dequantized(self) -> Tensor:
         """The float32 weight (out_features, in_features)."""
-        return dequantize(self.blocks, self.kind).reshape(self.out_features, self.in_features)
+        return _dequantized(self.blocks, self.kind, self.in_features)
 
     def _dequantized_product(self, x: Tensor) -> Tensor:
         """``F.linear`` on the dequantized weight, ``DEQUANTIZED_ROWS`` output features at a

@@ -61,7 +61,7 @@ def quantize(
 
     qtype = getattr(gguf.GGMLQuantizationType, kind)
     for name, module in list(names.items()):
-        if not isinstance(module, nn.Linear) or name in skip or module.in_features % 32:
+        if not isinstance(module, nn.Linear) or name in skip or module.in_features % GROUP_SIZE:
             continue
         weight = module.weight.detach().float().cpu().numpy()  # (out, in)
         blocks = torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(weight, qtype)))

@@ -201,6 +201,9 @@ def _hf_name(name: str) -> str:
     return name
 
 
+AS_STORED = ("Q8_0", "Q4_0", "Q4_1")  # packed layers read the file's blocks as they are
+
+
 def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     """Q8_0, Q4_0 and Q4_1 blocks (a numpy view of the file) -> float32 values (flat), in
     torch and bit for bit ``gguf.quants`` (:func:`attnkit.accel.packed.dequantize`); None for
@@ -208,9 +211,6 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     if kind not in AS_STORED:
         return None
     return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
-
-
-AS_STORED = ("Q8_0", "Q4_0", "Q4_1")  # packed layers read the file's blocks as they are
 
 
 def _file_blocks(tensor: GGUFTensor) -> Tensor:
@@ -318,9 +318,7 @@ def _packable(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> set[str]:
         if len(kinds) == 1 and next(iter(kinds)) in BLOCK_BYTES:
             keep.update(parts)
     table = names.get("token_embd.weight")
-    if "token_embd.weight" in keep and table.tensor_type.name not in BLOCK_BYTES:
-        keep.discard("token_embd.weight")
-    elif table is not None and table.tensor_type.name in BLOCK_BYTES:
+    if table is not None and table.tensor_type.name in BLOCK_BYTES:
         keep.add("token_embd.weight")  # looked up row by row from its blocks
     return keep
 
