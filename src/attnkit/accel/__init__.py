@@ -14,6 +14,8 @@ processor: measure before relying on one).
                   ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
+    compiled_training.py  a training step whose Transformer layers run through torch.compile
+                  (the products still in oneDNN): ``with compiled_layers(model):``
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
                   blocks, multiplied by a C kernel built at first use: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
@@ -29,6 +31,7 @@ from __future__ import annotations
 from torch import nn
 
 from attnkit.accel.compiled import compiled_step, frozen_weights
+from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy
 from attnkit.accel.onednn import (
@@ -45,6 +48,8 @@ __all__ = [
     "PackedEmbedding",
     "PackedLinear",
     "apply",
+    "check_compiler",
+    "compiled_layers",
     "compiled_step",
     "decoding_layout",
     "decoding_layouts",

@@ -10,11 +10,18 @@ operands are float32 CPU tensors with at least a few rows runs through oneDNN, f
 dL/dW alike; everything else (other dtypes, autocast, other devices, single rows) runs as usual.
 Strict float32 throughout. The oneDNN path differentiates once (no second derivatives).
 ``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere.
+
+Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
+products are the registered operators ``attnkit::onednn_linear`` (with its gradients) and
+``attnkit::onednn_mm`` (:func:`register_operator`), one opaque call each; an inference graph
+(``accel.compiled_step``) sees ordinary linears instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +37,7 @@ __all__ = [
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",
+    "register_operator",
     "use_onednn",
 ]
 
@@ -39,9 +47,14 @@ _MIN_ROWS = 8
 _switch = Switch("ATTNKIT_ONEDNN_LINEAR")
 
 
+# Known at import, so that a graph being compiled reads a constant (Dynamo does not trace
+# torch.backends' functions).
+_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def onednn_linear_available() -> bool:
     """Whether this torch build has oneDNN's linear operator (x86 and ARM CPU builds do)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return _AVAILABLE
 
 
 def onednn_linear(enabled: bool):
@@ -71,20 +84,27 @@ class _OneDNNLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor):
         x2, weight = ctx.saved_tensors
-        g2 = grad.reshape(-1, grad.shape[-1])  # (T, out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _mm(g2, weight.t()).view(ctx.x_shape)  # dL/dx = g W
-        if ctx.needs_input_grad[1]:
-            # dL/dW = g^T x, (out, in). oneDNN wants its left operand contiguous, so transpose
-            # whichever of g (T x out) and x (T x in) is the smaller copy.
-            if g2.shape[1] <= x2.shape[1]:
-                grad_w = _mm(g2.t(), x2.t())
-            else:  # (x^T g)^T: copies x and the (in, out) result, not the wide g (LM head)
-                grad_w = _mm(x2.t(), g2.t()).t().contiguous()
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b
+        grad_x, grad_w, grad_b = _gradients(ctx, x2, weight, grad, _mm)
+        return None if grad_x is None else grad_x.view(ctx.x_shape), grad_w, grad_b
+
+
+def _gradients(ctx, x2: Tensor, weight: Tensor, grad: Tensor, mm: Callable):
+    """(dL/dx2, dL/dW, dL/db) of ``x2 W^T + b``, each None unless needed, the products by
+    ``mm(a, b_t, bias)`` (:func:`_mm` or its registered operator)."""
+    g2 = grad.reshape(-1, grad.shape[-1])  # (T, out)
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = mm(g2, weight.t(), None)  # dL/dx = g W
+    if ctx.needs_input_grad[1]:
+        # dL/dW = g^T x, (out, in). oneDNN wants its left operand contiguous, so transpose
+        # whichever of g (T x out) and x (T x in) is the smaller copy.
+        if g2.shape[1] <= x2.shape[1]:
+            grad_w = mm(g2.t(), x2.t(), None)
+        else:  # (x^T g)^T: copies x and the (in, out) result, not the wide g (LM head)
+            grad_w = mm(x2.t(), g2.t(), None).t().contiguous()
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = g2.sum(0)
+    return grad_x, grad_w, grad_b
 
 
 def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -101,23 +121,83 @@ def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and x.dim() >= 2
         and x.numel() >= _MIN_ROWS * x.shape[-1] > 0
         and not torch.is_autocast_enabled("cpu")  # autocast casts to bf16: torch's path
-        and not torch.compiler.is_compiling()  # let the compiler see an ordinary linear
+        # Under torch.compile: a training graph keeps the product as the registered operator
+        # (compiled layers, accel.compiled_layers); an inference graph sees an ordinary linear,
+        # which Inductor's freezing packs for its own kernel (accel.compiled_step).
+        and (
+            not torch.compiler.is_compiling()
+            or (_operators is not None and torch.is_grad_enabled())
+        )
         and onednn_linear_available()
     )
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, through oneDNN where :func:`use_onednn` says so."""
-    if use_onednn(x, weight, bias):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
+    if not use_onednn(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():  # one opaque operator in the graph, both gradients too
+        x2 = x.reshape(-1, x.shape[-1])
+        out = _operators.linear(x2, weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return _OneDNNLinear.apply(x, weight, bias)
 
 
 def mm_t(a: Tensor, b_t: Tensor) -> Tensor:
     """``a @ b_t.T`` for 2-D tensors, through oneDNN where :func:`linear` would use it."""
-    if use_onednn(a, b_t, None):
-        return _mm(a, b_t)
-    return a @ b_t.t()
+    if not use_onednn(a, b_t, None):
+        return a @ b_t.t()
+    if torch.compiler.is_compiling():
+        return _operators.mm(a, b_t, None)
+    return _mm(a, b_t)
+
+
+class _Operators(NamedTuple):
+    mm: Callable  # attnkit::onednn_mm(a, b_t, bias): _mm
+    linear: Callable  # attnkit::onednn_linear(x2, weight, bias): _mm with both gradients
+
+
+_operators: _Operators | None = None
+
+
+def register_operator() -> _Operators:
+    """Register the oneDNN product as the operators ``torch.ops.attnkit.onednn_mm`` and
+    ``torch.ops.attnkit.onednn_linear`` (with its gradients), once, so that a graph compiled
+    for training (:func:`attnkit.accel.compiled_layers`) keeps each product in oneDNN as one
+    opaque call while Inductor fuses the work around it. Not at import: registering imports
+    torch's compiler (a second of start-up), and eager steps use :class:`_OneDNNLinear`,
+    which skips the operator's dispatch."""
+    global _operators
+    if _operators is None:
+
+        @torch.library.custom_op("attnkit::onednn_mm", mutates_args=())
+        def onednn_mm(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
+            return _mm(a, b_t, bias)
+
+        @onednn_mm.register_fake
+        def _(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
+            return a.new_empty(a.shape[0], b_t.shape[0])
+
+        @torch.library.custom_op("attnkit::onednn_linear", mutates_args=())
+        def onednn_linear(x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+            return _mm(x2, weight, bias)
+
+        @onednn_linear.register_fake
+        def _(x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+            return x2.new_empty(x2.shape[0], weight.shape[0])
+
+        def setup_context(ctx, inputs, output) -> None:
+            x2, weight, bias = inputs
+            ctx.save_for_backward(x2, weight)
+            ctx.has_bias = bias is not None
+
+        def backward(ctx, grad: Tensor):
+            x2, weight = ctx.saved_tensors
+            return _gradients(ctx, x2, weight, grad, onednn_mm)
+
+        onednn_linear.register_autograd(backward, setup_context=setup_context)
+        _operators = _Operators(mm=onednn_mm, linear=onednn_linear)
+    return _operators
 
 
 class _Products(TorchFunctionMode):
@@ -126,8 +206,7 @@ class _Products(TorchFunctionMode):
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if use_onednn(x, weight, bias):
-                return _OneDNNLinear.apply(x, weight, bias)
+            return linear(x, weight, bias)
         return func(*args, **kwargs)
 
 

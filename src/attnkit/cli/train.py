@@ -46,6 +46,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"model.init={args.init}")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
+    if args.compile:
+        overrides.append("train.compile=true")
     try:
         recipe = load_recipe(args.recipe, overrides)
     except RecipeError as error:
@@ -144,6 +146,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     rest += ["--resume"] * args.resume + ["--quiet"] * args.quiet
     if args.precision:
         rest += ["--precision", args.precision]
+    rest += ["--compile"] * args.compile
     rest += ["--strategy", args.strategy]
     launcher = ["--standalone", "--nproc-per-node", str(args.nproc), "-m", "attnkit.train"]
     if not args.quiet:
@@ -182,7 +185,9 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
         f"  train  {train.steps:,} steps x {train.batch_size}"
         + (f" in {train.accumulate} micro-batches" if train.accumulate > 1 else "")
         + f", {train.schedule} lr {train.lr:g}, "
-        f"warm-up {train.warmup}, {train.precision}, seed {train.seed}, "
+        f"warm-up {train.warmup}, {train.precision}"
+        + (", compiled layers" if train.compile else "")
+        + f", seed {train.seed}, "
         f"{torch.get_num_threads()} CPU thread(s)"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )

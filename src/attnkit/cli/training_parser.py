@@ -28,6 +28,7 @@ def _add_training_commands(commands) -> None:
             "examples:\n"
             "  attnkit train examples/shakespeare-char-3min.toml\n"
             "  attnkit train examples/shakespeare-char.toml --precision bf16\n"
+            "  attnkit train examples/shakespeare-char.toml --compile\n"
             "  attnkit train examples/shakespeare-char.toml --set train.steps=200 "
             "--set model.n_layers=2 --out runs/quick\n"
             "  attnkit train examples/shakespeare-char.toml --resume\n"
@@ -66,6 +67,13 @@ def _add_training_commands(commands) -> None:
         "--precision",
         choices=("fp32", "bf16"),
         help="bf16 autocast (the same as --set train.precision=bf16)",
+    )
+    train.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the Transformer layers through torch.compile (the same as --set "
+        "train.compile=true); the first step compiles them (seconds; Inductor caches the "
+        "result on disk for later runs)",
     )
     train.add_argument("--quiet", action="store_true", help="print nothing but errors")
     train.add_argument(

@@ -53,6 +53,7 @@ class TrainConfig:
     keep_checkpoints: int = 0  # also keep the models of the last N checkpoints (to average)
     log_every: int = 10  # steps per line of metrics.jsonl
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
+    compile: bool = False  # the Transformer layers through torch.compile (accel.compiled_layers)
     seed: int = 0  # model init, data order, dropout
     threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
     sample_tokens: int = 200  # tokens of text to generate at the end (0: none)
@@ -95,6 +96,8 @@ class TrainConfig:
             raise ValueError(
                 f"train.label_smoothing must be in [0, 1) or None, got {self.label_smoothing!r}"
             )
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"train.compile must be true or false, got {self.compile!r}")
         if not isinstance(self.freeze, list) or not all(
             isinstance(p, str) and p for p in self.freeze
         ):

@@ -44,6 +44,7 @@ __all__ = [
     "cleanup",
     "full_model_state",
     "full_optimizer_state",
+    "global_loss",
     "gradient_sync",
     "init_distributed",
     "load_full_model_state",
@@ -259,3 +260,16 @@ def gradient_sync(train_model: nn.Module, sync: bool, sharded: bool):
     else:
         with train_model.no_sync():
             yield
+
+
+def global_loss(
+    loss_sum: float, count: int, stop: bool, device: torch.device
+) -> tuple[float, int, bool]:
+    """One all-reduce of (tokens, summed loss, stop flag) over the ranks: returns the global
+    mean loss, the global token count, and whether any rank was asked to stop."""
+    reduced = torch.tensor(
+        [float(count), loss_sum, float(stop)], dtype=torch.float64, device=device
+    )
+    torch.distributed.all_reduce(reduced)
+    total, weighted, stopped = reduced.tolist()
+    return weighted / max(total, 1.0), int(total), bool(stopped)

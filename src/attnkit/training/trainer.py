@@ -72,6 +72,7 @@ from attnkit.training.distributed import (
     STRATEGIES,
     full_model_state,
     full_optimizer_state,
+    global_loss,
     gradient_sync,
     init_distributed,
     load_full_model_state,
@@ -136,6 +137,8 @@ class Trainer:
         self.strategy = strategy
         self.sharded = self.dist.enabled and strategy == "fsdp"
         self.frozen = freeze(model, config.freeze)  # before the optimizer sees the parameters
+        if config.compile:
+            accel.check_compiler(sharded=self.sharded)
         accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
         if config.batch_size < self.dist.world * config.accumulate:
             raise ValueError(
@@ -314,7 +317,10 @@ class Trainer:
             part = {k: v.to(self.device) for k, v in part.items()}
             last = i == len(parts) - 1
             with gradient_sync(self.train_model, last or not self.dist.enabled, self.sharded):
-                with step_context(config.precision, self.device):
+                with (
+                    step_context(config.precision, self.device),
+                    accel.compiled_layers(self.model, config.compile),
+                ):
                     loss, n = self.task.loss(self.train_model, part, smoothing=self.smoothing)
                 (loss * n).backward()  # the sum of this part's token losses
             loss_sum += float(loss.detach()) * n
@@ -347,19 +353,15 @@ class Trainer:
         return value, count, n_tokens
 
     def _global_loss(self, loss_sum: float, count: int) -> tuple[float, int]:
-        """One all-reduce of (tokens, summed loss, stop flag) over the ranks. Returns the
-        global mean loss and the global token count. A signal on any rank stops every rank
-        after this step."""
-        stop = 1.0 if self._stop_signal is not None else 0.0
-        reduced = torch.tensor(
-            [float(count), loss_sum, stop], dtype=torch.float64, device=self.device
+        """The global mean loss and token count (one all-reduce); a signal on any rank stops
+        every rank after this step."""
+        value, total, stopped = global_loss(
+            loss_sum, count, self._stop_signal is not None, self.device
         )
-        torch.distributed.all_reduce(reduced)
-        total, weighted, stopped = reduced.tolist()
-        self._stop_agreed = bool(stopped)  # the loop stops on this, the same on every rank
+        self._stop_agreed = stopped  # the loop stops on this, the same on every rank
         if stopped and self._stop_signal is None:
             self._stop_signal = signal.SIGTERM
-        return weighted / max(total, 1.0), int(total)
+        return value, total
 
     def _validate(self) -> dict[str, float]:
         config = self.config
@@ -418,6 +420,8 @@ class Trainer:
                     window_tokens += n_tokens
                     window_time += took
                     self._bar.update(1)
+                    if config.compile and session_steps == 1:
+                        self._say(f"compiled the layers: step {state.step} took {took:.1f} s")
 
                     if self.dist.is_main and (
                         state.step % config.log_every == 0 or state.step == config.steps

@@ -1,0 +1,85 @@
+"""A training step whose Transformer layers run through ``torch.compile``.
+
+``with compiled_layers(model):`` gives every ``EncoderLayer`` and ``DecoderLayer`` of the
+model a compiled ``forward`` for the duration of the block (the trainer wraps the training
+forward in it: ``train.compile = true``, ``attnkit train --compile``); outside the block the
+layers are the plain modules again, so evaluation, sampling and checkpoints never see compiled
+code. What it buys: Inductor fuses the elementwise work of a layer (LayerNorm, GELU, residual
+adds, dropout, the casts of bf16 autocast) into a few loops, forward and backward, and keeps
+fewer activations for the backward pass. What it keeps: the matrix products stay in oneDNN
+(inside :func:`attnkit.accel.onednn_products`, as the registered operator
+``torch.ops.attnkit.onednn_linear``) and attention in torch's fused kernel.
+
+Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
+traces one layer, and the compiled code serves all of them (the weights are its inputs, not
+constants): a few seconds to compile instead of minutes. The embeddings and the fused
+LM-head loss (:mod:`attnkit.accel.lm_loss`) stay eager. Hooks that wrappers put on a layer
+(FSDP2's gathering of shards) stay outside the compiled code, as they run around ``forward``.
+
+The compiled code is made once per layer and kept (a new input shape may compile once more:
+Dynamo then makes it shape-generic). Inductor caches what it builds on disk
+(``TORCHINDUCTOR_CACHE_DIR``; by default under the system's temporary directory), so a
+second process compiles from the cache.
+"""
+
+from __future__ import annotations
+
+import shutil
+import weakref
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from attnkit.accel.onednn import register_operator
+from attnkit.layers import DecoderLayer, EncoderLayer, MoEFeedForward
+
+__all__ = ["compiled_layers", "transformer_layers"]
+
+# Each layer's compiled forward, made at its first compiled step.
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def transformer_layers(model: nn.Module) -> list[nn.Module]:
+    """The ``EncoderLayer`` / ``DecoderLayer`` modules of ``model``, in order."""
+    return [m for m in model.modules() if isinstance(m, EncoderLayer | DecoderLayer)]
+
+
+def check_compiler(*, sharded: bool = False) -> None:
+    """Raise a one-line error when compiled layers cannot train here: no C++ compiler for
+    Inductor's CPU code, or a sharded (FSDP2) run, whose gathering of the shards runs around
+    each layer and is not compiled with it."""
+    if sharded:
+        raise ValueError(
+            "train.compile=true does not run under strategy='fsdp'; use strategy='ddp' or "
+            "leave compile off"
+        )
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise RuntimeError(
+            "train.compile: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
+            "and none is on PATH; install one (apt-get install g++) or leave compile off"
+        )
+
+
+@contextmanager
+def compiled_layers(model: nn.Module, enabled: bool = True):
+    """Inside the block, each Transformer layer of ``model`` runs a compiled ``forward``
+    (see the module docstring); ``enabled=False`` changes nothing."""
+    layers = transformer_layers(model) if enabled else []
+    if layers:
+        register_operator()  # oneDNN products stay one call each in the compiled graphs
+    # A mixture of experts routes each token by data (nonzero): it runs eagerly between
+    # the compiled parts of its layer.
+    experts = [m for m in model.modules() if isinstance(m, MoEFeedForward)] if layers else []
+    for module in experts:
+        module.forward = torch.compiler.disable(module.forward)
+    for layer in layers:
+        compiled = _COMPILED.get(layer)
+        if compiled is None:
+            compiled = _COMPILED[layer] = torch.compile(layer.forward)
+        layer.forward = compiled  # an instance attribute: nn.Module.__call__ calls it
+    try:
+        yield
+    finally:
+        for module in layers + experts:
+            del module.forward  # the class's forward again

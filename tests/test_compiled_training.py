@@ -1,0 +1,224 @@
+"""Compiled training steps (``train.compile``, ``accel.compiled_layers``): the same losses and
+gradients as eager steps in every family and attention variant, an exact resume, DDP on 2
+processes following 1 process, and clear refusals."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+import attnkit as ak
+from attnkit import accel
+from attnkit.accel import compiled_training
+from attnkit.cli import main
+from attnkit.training import TrainConfig
+
+pytestmark = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="torch.compile on a CPU needs a C++ compiler",
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One thread throughout, as the 2-process run below has: Dynamo compiles again when the
+    thread count changes, and Inductor's cache on disk then serves those processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SHAKESPEARE = str(Path(__file__).resolve().parent.parent / "examples" / "shakespeare-char.toml")
+# The layers' shapes and options are the ones the trainer runs below (micro-batches of 3 x 16),
+# so that one compiled layer serves both tests: every compile costs CI 10-20 s on a cold cache.
+LM_LAYERS = dict(
+    d_model=32,
+    n_heads=2,
+    n_kv_heads=1,  # grouped-query attention
+    d_ff=64,
+    position="rope",
+    activation="swiglu",
+    norm_type="rmsnorm",
+    attention="window",
+    window=4,
+)
+SMALL = dict(vocab_size=64, n_layers=2, max_len=32, dropout=0.0)
+
+
+def _batch(cfg, b=3, n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, cfg.vocab_size, (b, n), generator=g)
+    mask = torch.arange(n) < torch.tensor([[n], [n - 3], [n - 5]])[:b]  # right padding
+    return ids.masked_fill(~mask, 0), mask
+
+
+def _lm_loss(model, cfg):
+    ids, _ = _batch(cfg, n=17)
+    return model.loss(ids[:, :-1], ids[:, 1:], ignore_index=0)
+
+
+def _mt_loss(model, cfg):
+    src, src_mask = _batch(cfg, seed=1)
+    tgt, tgt_mask = _batch(cfg, seed=2)
+    tgt_in = ak.shift_right(tgt, cfg.bos_id)
+    return model.loss(src, tgt_in, tgt, src_mask, tgt_mask, ignore_index=0)
+
+
+def _cls_loss(model, cfg):
+    ids, mask = _batch(cfg, seed=3)
+    return F.cross_entropy(model(ids, mask), torch.tensor([0, 1, 2]))
+
+
+# The paper's Post-LN layers with ALiBi, for the translator and the classifier alike (their
+# encoder layers are the same, compiled once).
+POST_LN = dict(d_model=32, n_heads=4, d_ff=64, norm="post", position="alibi", activation="relu")
+FAMILIES = {
+    # decoder-only: Pre-LN, RoPE, grouped-query, sliding-window attention, SwiGLU, RMSNorm
+    "decoder-only LM": (lambda cfg: ak.DecoderLM(cfg), LM_LAYERS, _lm_loss),
+    # encoder-decoder: padding masks on both sides, cross-attention
+    "translator": (lambda cfg: ak.Transformer(cfg), POST_LN, _mt_loss),
+    # encoder-only: a classifier over padded sentences
+    "classifier": (lambda cfg: ak.EncoderClassifier(cfg, 3), POST_LN, _cls_loss),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_compiled_layers_give_the_eager_loss_and_gradients(family):
+    build, changes, loss_of = FAMILIES[family]
+    cfg = ak.ModelConfig(**SMALL, **changes)
+    torch.manual_seed(0)
+    model = accel.apply(build(cfg))
+    layers = compiled_training.transformer_layers(model)
+    assert len(layers) == cfg.n_layers * (2 if family == "translator" else 1)
+
+    def step(compiled):
+        model.zero_grad(set_to_none=True)
+        with accel.onednn_products(), accel.compiled_layers(model, compiled):
+            loss = loss_of(model, cfg)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    eager_loss, eager_grads = step(False)
+    compiled_loss, compiled_grads = step(True)
+    assert compiled_training._COMPILED.get(layers[0]) is not None  # it did go through Dynamo
+    assert all("forward" not in vars(layer) for layer in layers)  # and is plain again after
+    assert torch.allclose(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert compiled_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        scale = float(grad.abs().max()) + 1e-8
+        gap = float((compiled_grads[name] - grad).abs().max())
+        assert gap <= 1e-4 * scale, f"{family}: {name} differs by {gap:.2e} (max {scale:.2e})"
+
+
+def tiny(steps, **changes):
+    """A run whose micro-batches (3 rows of 16 tokens) and layers are those of LM_LAYERS."""
+    values = {
+        **{f"model.{key}": value for key, value in LM_LAYERS.items()},
+        "model.n_layers": 2,
+        "model.dropout": 0.0,
+        "data.block_size": 16,
+        "data.max_chars": 20000,
+        "train.steps": steps,
+        "train.batch_size": 6,
+        "train.accumulate": 2,
+        "train.lr": 3e-3,
+        "train.schedule": "constant",
+        "train.warmup": 3,
+        "train.eval_every": 1000,
+        "train.eval_batches": 1,
+        "train.checkpoint_every": 1000,
+        "train.log_every": 1,
+        "train.sample_tokens": 0,
+        "train.threads": 1,
+        "train.precision": "fp32",
+        **changes,
+    }
+    args = []
+    for key, value in values.items():
+        args += ["--set", f"{key}={value if not isinstance(value, str) else repr(value)}"]
+    return args
+
+
+def _losses(run):
+    lines = (Path(run) / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+def _weights(run):
+    return load_file(str(Path(run) / "checkpoint" / "model.safetensors"))
+
+
+def _train(run, *args):
+    threads = torch.get_num_threads()
+    try:
+        assert main(["train", SHAKESPEARE, "--out", str(run), "--quiet", *args]) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.needs("shakespeare")
+def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(tmp_path, capsys):
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    _train(eager, *tiny(6))
+    _train(compiled, "--compile", *tiny(6))
+    one, other = _losses(eager), _losses(compiled)
+    assert sorted(one) == sorted(other) == list(range(1, 7))
+    assert max(abs(one[s] - other[s]) for s in one) < 1e-5
+    assert other[6] < other[1]
+
+    # 3 steps, a stop, a resume to 6: bit for bit the 6 straight steps
+    resumed = tmp_path / "resumed"
+    _train(resumed, "--compile", *tiny(6), "--set", "train.steps=3")
+    _train(resumed, "--resume", "--set", "train.compile=true", *tiny(6))
+    a, b = _weights(compiled), _weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(resumed) == other
+
+    # the same run compiled on 2 processes (DDP through torchrun; 3 rows each, one micro-batch)
+    ddp = tmp_path / "ddp"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    command = [sys.executable, "-m", "attnkit.cli", "train", SHAKESPEARE, "--out", str(ddp)]
+    done = subprocess.run(
+        [*command, "--nproc", "2", "--compile", *tiny(6, **{"train.accumulate": 1})],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 processes (ddp)" in done.stdout and "compiled layers" in done.stdout
+    assert "compiled the layers: step 1 took" in done.stdout
+    two = _losses(ddp)
+    assert max(abs(two[s] - other[s]) for s in other) < 1e-5
+
+
+def test_the_layers_are_compiled_only_inside_the_block_and_experts_stay_eager():
+    cfg = ak.ModelConfig(**SMALL, **{**LM_LAYERS, "n_experts": 2})
+    model = ak.DecoderLM(cfg)
+    layers = compiled_training.transformer_layers(model)
+    experts = [layer.ffn for layer in layers]
+    with accel.compiled_layers(model):
+        assert all(vars(layer)["forward"] is compiled_training._COMPILED[layer] for layer in layers)
+        # routing by data (nonzero) runs eagerly between the compiled parts of a layer
+        assert all(vars(moe)["forward"]._torchdynamo_disable for moe in experts)
+    assert all("forward" not in vars(m) for m in layers + experts)
+    with accel.compiled_layers(model, False):
+        assert all("forward" not in vars(m) for m in layers + experts)
+
+
+def test_compile_refusals(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"train.compile must be true or false, got .yes."):
+        TrainConfig(compile="yes")
+    with pytest.raises(ValueError, match="strategy='fsdp'"):
+        accel.check_compiler(sharded=True)
+    monkeypatch.setattr(compiled_training.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
+        accel.check_compiler()
