@@ -2,15 +2,17 @@
 the operators' own (self) CPU time summed into a few categories.
 
     python bench/profile_steps.py [--threads 1] [--steps 3] [--tokens 64] [--loss fused|logits]
-                            [--adamw fused|foreach|loop] [--json out.json] [--no-compile]
+                            [--adamw fused|foreach|loop] [--precision fp32|bf16]
+                            [--json out.json] [--no-compile]
 
 ``--loss logits --adamw loop`` is the training step as attnkit ran it before issue 10 (the
 model's logits and F.cross_entropy, AdamW's per-parameter loop). To profile the code as it was,
 run this file with ``PYTHONPATH`` pointing at an older ``src`` (see bench/README.md).
 
-The decoding step is profiled eager and with ``generate(..., compile=True)``. In the compiled
-step Inductor's own kernels are named ``graph_N_cpp_fused_...`` (elementwise work) and
-``graph_N_gemm_...`` (its matrix kernels); they are profiled by turning on Inductor's
+The training step is profiled eager and with its layers compiled (``train.compile = true``,
+``accel.compiled_layers``); the decoding step eager and with ``generate(..., compile=True)``.
+In the compiled steps Inductor's own kernels are named ``graph_N_cpp_fused_...`` (elementwise
+work) and ``graph_N_gemm_...`` (its matrix kernels); they are profiled by turning on Inductor's
 ``cpp.enable_kernel_profile``. Dynamo's guard checks ("TorchDynamo Cache Lookup") and the
 compiled graph's Python wrapper ("Call CompiledFxGraph", self time) get categories of their own.
 
@@ -99,7 +101,9 @@ def summarise(prof, wall_s: float, units: int) -> dict:
     return {"wall_ms": wall, "ms": per_unit}
 
 
-def training_profile(steps: int, loss_kind: str, adamw: str) -> dict:
+def training_profile(
+    steps: int, loss_kind: str, adamw: str, compiled: bool = False, precision: str = "fp32"
+) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 8192, (8, 257), generator=g)
     inputs, targets = ids[:, :-1], ids[:, 1:]
@@ -109,7 +113,9 @@ def training_profile(steps: int, loss_kind: str, adamw: str) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **options[adamw])
 
     def step():
-        with accel.onednn_products():  # as the trainer runs a step
+        # as the trainer runs a step (compiled: train.compile = true)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+        with autocast, accel.onednn_products(), accel.compiled_layers(model, compiled):
             if loss_kind == "fused":
                 loss = model.loss(inputs, targets)
             else:
@@ -170,6 +176,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="decoding steps profiled")
     parser.add_argument("--loss", choices=("fused", "logits"), default="fused")
     parser.add_argument("--adamw", choices=("fused", "foreach", "loop"), default="fused")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="of the training steps"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/bench/profile.json"))
     parser.add_argument(
         "--no-compile", action="store_true", help="leave out the compile=True decoding step"
@@ -177,19 +186,29 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name Inductor's kernels
-    train = training_profile(args.steps, args.loss, args.adamw)
+    options = dict(loss_kind=args.loss, adamw=args.adamw, precision=args.precision)
+    train = training_profile(args.steps, **options)
+    train_compiled = training_profile(args.steps, compiled=True, **options)
     decode = decode_profile(args.tokens)
     compiled = None if args.no_compile else decode_profile(args.tokens, compile=True)
     print(f"torch.profiler, {args.threads} thread(s); self CPU time of the operators")
     print_table(
-        f"lm-small training step (batch 8 x 256, loss {args.loss}, AdamW {args.adamw})",
+        f"lm-small training step (batch 8 x 256, {args.precision}, loss {args.loss}, "
+        f"AdamW {args.adamw})",
         train,
         "step",
     )
+    print_table("the same with compiled layers (train.compile = true)", train_compiled, "step")
     print_table("lm-small greedy decoding step (batch 1, KV cache)", decode, "token")
     if compiled is not None:
         print_table("the same with compile=True", compiled, "token")
-    figures = {"threads": args.threads, "training": train, "decode": decode, "compiled": compiled}
+    figures = {
+        "threads": args.threads,
+        "training": train,
+        "training_compiled": train_compiled,
+        "decode": decode,
+        "compiled": compiled,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2))
     print(f"\nwrote {args.json}")

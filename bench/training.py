@@ -61,12 +61,28 @@ from attnkit.interop import gpt2_to_hf
 transformers.logging.set_verbosity_error()
 
 SEED = 0
-TARGETS = {  # issue 10: the ratios to reach, in one run
-    "lm-small fp32: attnkit / HF GPT-2": 1.2,
+TARGETS = {  # issue 24 (and issue 10's x-transformers and MFU rows): the ratios, in one run
+    "lm-small fp32: attnkit / HF GPT-2": 1.3,
+    "lm-small fp32: attnkit compiled / HF GPT-2": 1.3,
+    "lm-small fp32: attnkit no oneDNN / HF GPT-2": 1.3,
+    "lm-small fp32: attnkit compiled, no oneDNN / HF GPT-2": 1.3,
     "lm-small fp32: attnkit / x-transformers": 1.1,
-    "lm-small: attnkit bf16 / attnkit fp32": 2.0,
-    "mt-small fp32: attnkit / torch.nn.Transformer": 1.15,
+    "mt-small fp32: attnkit / torch.nn.Transformer": 1.3,
+    "mt-small fp32: attnkit compiled / torch.nn.Transformer": 1.3,
+    "mt-small fp32: attnkit no oneDNN / torch.nn.Transformer": 1.3,
+    "mt-small fp32: attnkit compiled, no oneDNN / torch.nn.Transformer": 1.3,
+    "lm-small: (attnkit bf16 / fp32) / (products bf16 / fp32)": 0.8,
+    "lm-small: (attnkit compiled bf16 / fp32) / (products bf16 / fp32)": 0.8,
     "lm-small MFU fp32 attnkit vs torch.mm 4096 float32": 0.45,
+}
+# attnkit's variants, as (compiled layers, oneDNN products): the trainer's step (eager layers,
+# oneDNN products), its layers compiled (train.compile), and both without the oneDNN products
+# (ATTNKIT_ONEDNN_LINEAR=0), which leaves float32 products to torch's own GEMM (MKL on x86)
+VARIANTS = {
+    "attnkit": (False, True),
+    "attnkit compiled": (True, True),
+    "attnkit no oneDNN": (False, False),
+    "attnkit compiled, no oneDNN": (True, False),
 }
 LM_BATCH, LM_LEN = 8, 256
 MT_BATCH, MT_LEN, MT_MIN_LEN = 32, 64, 51  # lengths uniform in [51, 64]: about 10% padding
@@ -86,6 +102,7 @@ class Candidate:
     work: float  # tokens (or FLOPs) per run
     times: list[float] = field(default_factory=list)
     first: object = None  # what the first run returned (a training step: its loss)
+    first_s: float = 0.0  # how long the first run took (a compiled step: compiling included)
 
     @property
     def rate(self) -> float:
@@ -101,7 +118,7 @@ def measure(candidates: list[Candidate], repeats: int, warmup: int) -> None:
             result = c.run()
             elapsed = time.perf_counter() - start
             if round_ == 0:
-                c.first = result
+                c.first, c.first_s = result, elapsed
             if round_ >= warmup:
                 c.times.append(elapsed)
 
@@ -125,6 +142,32 @@ def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
             )
         )
     return out
+
+
+def products_candidate(precision: str, onednn: bool = True) -> Candidate:
+    """The matrix products of one lm-small training step, alone, at the step's own shapes
+    (8 x 256 = 2,048 rows): each linear layer's forward and both gradients (q/k/v, output,
+    FFN up and down, in every layer) and the LM head's three, as attnkit's step runs them
+    (float32 through oneDNN, or with ``onednn=False`` through torch's own GEMM as the
+    references run them; bf16 under autocast). Its work is FLOPs."""
+    cfg = ak.ModelConfig.preset("lm-small")
+    d, f, rows = cfg.d_model, cfg.d_ff, LM_BATCH * LM_LEN
+    shapes = [(d, 3 * d), (d, d), (d, f), (f, d)] * cfg.n_layers + [(d, cfg.vocab_size)]
+    g = torch.Generator().manual_seed(SEED)
+    xs = [torch.randn(rows, i, generator=g).requires_grad_() for i, _ in shapes]
+    ws = [nn.Parameter(torch.randn(o, i, generator=g) * i**-0.5) for i, o in shapes]
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    gys = [torch.randn(rows, o, generator=g).to(dtype) for _, o in shapes]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def run() -> None:
+        with autocast, accel.onednn_linear(onednn), accel.onednn_products():
+            for x, w, gy in zip(xs, ws, gys, strict=True):
+                F.linear(x, w).backward(gy)
+
+    flops = 6.0 * rows * sum(i * o for i, o in shapes)
+    suffix = "" if onednn else " no oneDNN"
+    return Candidate(f"lm-small products {precision}{suffix}", run, flops)
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,6 +234,7 @@ def lm_models() -> dict[str, nn.Module]:
         return ak.DecoderLM(cfg).train()
 
     ours = attnkit()
+    variants = {name: attnkit() for name in VARIANTS if name != "attnkit"}
     hf_config, state = gpt2_to_hf(ours)
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
@@ -212,6 +256,7 @@ def lm_models() -> dict[str, nn.Module]:
     )
     return {
         "attnkit": ours,
+        **variants,
         "attnkit logits": attnkit(),
         "HF GPT-2": gpt2.train(),
         "x-transformers": xt.train(),
@@ -224,12 +269,20 @@ def lm_batch() -> tuple[Tensor, Tensor]:
     return ids[:, :-1], ids[:, 1:]  # inputs, next-token targets
 
 
-def with_levers(loss_of: Callable[[], Tensor]) -> Callable[[], Tensor]:
+def with_levers(
+    loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
+) -> Callable[[], Tensor]:
     """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (``attnkit.accel.onednn_products``); the references run as they are."""
+    (``attnkit.accel.onednn_products``, and ``accel.compiled_layers`` for ``train.compile``)
+    as ``variant`` (a key of VARIANTS) says; the references run as they are."""
+    compiled, onednn = VARIANTS[variant]
 
     def run() -> Tensor:
-        with accel.onednn_products():
+        with (
+            accel.onednn_linear(onednn),
+            accel.onednn_products(),
+            accel.compiled_layers(model, compiled),
+        ):
             return loss_of()
 
     return run
@@ -239,11 +292,16 @@ def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> 
     """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
     and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
     its logits and ``F.cross_entropy``, as the references run."""
-    ours, plain = accel.apply(models["attnkit"]), models["attnkit logits"]
+    plain = models["attnkit logits"]
     gpt2, xt = models["HF GPT-2"], models["x-transformers"]
+
+    def ours(variant: str) -> Callable[[], Tensor]:
+        model = accel.apply(models[variant])
+        return with_levers(lambda: model.loss(inputs, targets), model, variant)
+
     return {
-        "attnkit": with_levers(lambda: ours.loss(inputs, targets)),
-        "attnkit logits": with_levers(logits_loss(lambda: plain(inputs), targets)),
+        **{variant: ours(variant) for variant in VARIANTS},
+        "attnkit logits": with_levers(logits_loss(lambda: plain(inputs), targets), plain),
         "HF GPT-2": logits_loss(lambda: gpt2(inputs).logits, targets),
         "x-transformers": logits_loss(lambda: xt(inputs), targets),
     }
@@ -321,6 +379,7 @@ def mt_models() -> dict[str, nn.Module]:
         return ak.Transformer(cfg).train()
 
     ours = attnkit()
+    variants = {name: attnkit() for name in VARIANTS if name != "attnkit"}
     torch.manual_seed(SEED)
     reference = TorchSeq2Seq(cfg).train()
     torch.manual_seed(SEED)
@@ -349,6 +408,7 @@ def mt_models() -> dict[str, nn.Module]:
     )
     return {
         "attnkit": ours,
+        **variants,
         "attnkit logits": attnkit(),
         "torch.nn.Transformer": reference,
         "HF BART": bart.train(),
@@ -374,7 +434,7 @@ def mt_batch() -> dict[str, Tensor]:
 
 def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
     """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
-    ours, plain = accel.apply(models["attnkit"]), models["attnkit logits"]
+    plain = models["attnkit logits"]
     ref, bart = models["torch.nn.Transformer"], models["HF BART"]
     args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
 
@@ -386,13 +446,15 @@ def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
             decoder_attention_mask=b["tgt_in_real"].long(),
         ).logits
 
+    def ours(variant: str) -> Callable[[], Tensor]:
+        model = accel.apply(models[variant])
+        return with_levers(
+            lambda: model.loss(*args[:2], b["targets"], *args[2:], ignore_index=0), model, variant
+        )
+
     return {
-        "attnkit": with_levers(
-            lambda: ours.loss(
-                b["src"], b["tgt_in"], b["targets"], b["src_real"], b["tgt_in_real"], ignore_index=0
-            )
-        ),
-        "attnkit logits": with_levers(logits_loss(lambda: plain(*args), b["targets"], 0)),
+        **{variant: ours(variant) for variant in VARIANTS},
+        "attnkit logits": with_levers(logits_loss(lambda: plain(*args), b["targets"], 0), plain),
         "torch.nn.Transformer": logits_loss(lambda: ref(*args), b["targets"], 0),
         "HF BART": logits_loss(bart_logits, b["targets"], 0),
     }
@@ -430,10 +492,14 @@ def run(suites: list[str], repeats: int, warmup: int, adamw: str) -> dict:
         results["lm_flops_per_token"] = flops
         for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             cands = lm_candidates(precision, adamw) + matmul_candidates(dtype)
+            cands.append(products_candidate(precision))
+            if precision == "fp32":
+                cands.append(products_candidate(precision, onednn=False))
             print(f"lm-small {precision}: timing {len(cands)} candidates ...", flush=True)
             measure(cands, repeats, warmup)
             for c in cands:
                 key = "peak" if "matmul" in c.name or "torch.mm" in c.name else "lm"
+                key = "products" if "products" in c.name else key
                 results.setdefault(key, {})[c.name] = _row(c)
                 if key == "peak":
                     peaks[c.name] = c.rate
@@ -448,7 +514,7 @@ def run(suites: list[str], repeats: int, warmup: int, adamw: str) -> dict:
 
 
 def _row(c: Candidate) -> dict:
-    row = {"per_s": c.rate, "times_s": c.times}
+    row = {"per_s": c.rate, "times_s": c.times, "first_s": c.first_s}
     if isinstance(c.first, float):
         row["first_loss"] = c.first
     return row
@@ -463,19 +529,34 @@ def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
     def compare(table, ours, ref, precision, label):
         if f"{ours} {precision}" in table and f"{ref} {precision}" in table:
             ratio = table[f"{ours} {precision}"]["per_s"] / table[f"{ref} {precision}"]["per_s"]
-            suffix = " (logits)" if ours == "attnkit logits" else ""
-            out[f"{label} {precision}: attnkit{suffix} / {ref}"] = ratio
+            name = "attnkit (logits)" if ours == "attnkit logits" else ours
+            out[f"{label} {precision}: {name} / {ref}"] = ratio
 
-    for ours in ("attnkit", "attnkit logits"):
+    for ours in (*VARIANTS, "attnkit logits"):
         for precision in ("fp32", "bf16"):
             for ref in ("HF GPT-2", "x-transformers"):
                 compare(lm, ours, ref, precision, "lm-small")
         for ref in ("torch.nn.Transformer", "HF BART"):
             compare(mt, ours, ref, "fp32", "mt-small")
-    if "attnkit fp32" in lm and "attnkit bf16" in lm:
-        out["lm-small: attnkit bf16 / attnkit fp32"] = (
-            lm["attnkit bf16"]["per_s"] / lm["attnkit fp32"]["per_s"]
+    products = results.get("products", {})
+    gpt2 = lm.get("HF GPT-2 fp32", {}).get("per_s")
+    for name in ("lm-small products fp32", "lm-small products fp32 no oneDNN"):
+        if gpt2 and name in products:  # tokens/s if a step were its products and nothing else
+            alone = LM_BATCH * LM_LEN / statistics.median(products[name]["times_s"])
+            out[f"bound: {name.removeprefix('lm-small ')} alone / HF GPT-2 fp32 step"] = (
+                alone / gpt2
+            )
+    if "lm-small products fp32" in products and "lm-small products bf16" in products:
+        gain = (
+            products["lm-small products bf16"]["per_s"]
+            / products["lm-small products fp32"]["per_s"]
         )
+        out["lm-small: products bf16 / fp32"] = gain
+        for ours in ("attnkit", "attnkit compiled"):
+            if f"{ours} fp32" in lm and f"{ours} bf16" in lm:
+                step = lm[f"{ours} bf16"]["per_s"] / lm[f"{ours} fp32"]["per_s"]
+                out[f"lm-small: {ours} bf16 / {ours} fp32"] = step
+                out[f"lm-small: ({ours} bf16 / fp32) / (products bf16 / fp32)"] = step / gain
     flops = results.get("lm_flops_per_token")
     for precision, label in (("fp32", "float32"), ("bf16", "bf16")):
         if flops and f"attnkit {precision}" in lm:
@@ -509,12 +590,19 @@ def print_report(results: dict) -> None:
     if "lm" in results:
         print(f"\nlm-small, batch {LM_BATCH} x {LM_LEN} tokens")
         for name, row in results["lm"].items():
-            loss = row["first_loss"]
-            print(f"  {name:<28} {row['per_s']:10.0f} tokens/s   first loss {loss:.4f}")
+            loss, first = row["first_loss"], row["first_s"]
+            print(
+                f"  {name:<32} {row['per_s']:10.0f} tokens/s   first loss {loss:.4f}   "
+                f"first step {first:.1f} s"
+            )
     if "peak" in results:
         print("\nmatmul peak (4096 x 4096)")
         for name, row in results["peak"].items():
-            print(f"  {name:<28} {row['per_s'] / 1e9:10.1f} GFLOP/s")
+            print(f"  {name:<34} {row['per_s'] / 1e9:10.1f} GFLOP/s")
+    if "products" in results:
+        print("\nthe products of one lm-small step alone (forward and both gradients)")
+        for name, row in results["products"].items():
+            print(f"  {name:<34} {row['per_s'] / 1e9:10.1f} GFLOP/s")
     if "mt" in results:
         print(
             f"\nmt-small, batch {MT_BATCH}, source and target {MT_LEN} tokens, "
@@ -522,19 +610,19 @@ def print_report(results: dict) -> None:
         )
         for name, row in results["mt"].items():
             print(
-                f"  {name:<28} {row['per_s']:10.0f} target tokens/s   "
-                f"first loss {row['first_loss']:.4f}"
+                f"  {name:<32} {row['per_s']:10.0f} target tokens/s   "
+                f"first loss {row['first_loss']:.4f}   first step {row['first_s']:.1f} s"
             )
     if "lm_flops_per_token" in results:
         flops = results["lm_flops_per_token"]
         print(f"\nlm-small model FLOPs per token (6 P + 12 L D T): {flops:,.0f}")
-    print("\nratios (> 1: attnkit faster)                                     value  target")
+    print(f"\n{'ratios (> 1: attnkit faster)':<68} {'value':>8} {'target':>7}")
     for name, value in results["ratios"].items():
         text = f"{value:.1%}" if "MFU" in name else f"{value:.2f}x"
         target = TARGETS.get(name)
         goal = "" if target is None else (f"{target:.0%}" if "MFU" in name else f"{target:.2f}x")
         mark = "" if target is None else ("  met" if value >= target else "  NOT met")
-        print(f"  {name:<58} {text:>8} {goal:>7}{mark}")
+        print(f"  {name:<66} {text:>8} {goal:>7}{mark}")
 
 
 def main() -> None:
