@@ -45,10 +45,12 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, EncoderLayer | DecoderLayer)]
 
 
-def check_compiler(*, sharded: bool = False) -> None:
-    """Raise a one-line error when compiled layers cannot train here: no C++ compiler for
-    Inductor's CPU code, or a sharded (FSDP2) run, whose gathering of the shards runs around
-    each layer and is not compiled with it."""
+def check_compiler(enabled: bool = True, *, sharded: bool = False) -> None:
+    """Raise a one-line error when compiled layers (``enabled``) cannot train here: no C++
+    compiler for Inductor's CPU code, or a sharded (FSDP2) run, whose gathering of the shards
+    runs around each layer and is not compiled with it."""
+    if not enabled:
+        return
     if sharded:
         raise ValueError(
             "train.compile=true does not run under strategy='fsdp'; use strategy='ddp' or "

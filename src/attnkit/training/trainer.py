@@ -6,7 +6,7 @@
         batch = task.train_batch(epoch, i, B)          # a pure function of (seed, epoch, i)
         lr = schedule(step)                            # a pure function of the step
         for part in `accumulate` micro-batches of it:  # gradient accumulation (default 1)
-            loss, n = task.loss(model, part)           # under bf16 autocast if asked
+            loss, n = task.loss(model, part)           # bf16 autocast, compiled layers if asked
             (loss * n).backward()                      # the sum of the token losses
         g /= (tokens in the batch); clip ||g|| to `clip`; AdamW step
         every log_every steps:         a line in metrics.jsonl (loss, lr, tokens/s)
@@ -101,16 +101,14 @@ class Trainer:
     names the loaded parameters that train at ``lr x config.pretrained_lr_scale``.
 
     Under torchrun the trainer joins the process group itself and trains data-parallel;
-    ``strategy`` is "ddp" (DistributedDataParallel: every rank holds the whole model) or
-    "fsdp" (FSDP2: every rank holds 1/N of each parameter, gradient and optimizer state).
-    Every rank runs validation (on the same data, so they stay in step); rank 0 alone logs and
-    saves.
+    ``strategy`` is "ddp" (DistributedDataParallel: every rank holds the whole model) or "fsdp"
+    (FSDP2: every rank holds 1/N of each parameter, gradient and optimizer state). Every rank
+    runs validation (on the same data, so they stay in step); rank 0 alone logs and saves.
 
     ``self.model`` is always a plain model that evaluation, sampling and checkpoints use;
-    ``self.train_model`` is what the training forward runs (the model itself, its DDP
-    wrapper, or the sharded model). Under FSDP ``self.model`` is a separate full copy (no
-    gradients, no optimizer state), refreshed from the shards before each validation and
-    checkpoint: evaluation and generation need every weight in one place anyway.
+    ``self.train_model`` is what the training forward runs (the model, its DDP wrapper, or the
+    sharded model). Under FSDP ``self.model`` is a full copy (no gradients, no optimizer
+    state), refreshed from the shards before each validation and checkpoint.
     """
 
     def __init__(
@@ -137,8 +135,7 @@ class Trainer:
         self.strategy = strategy
         self.sharded = self.dist.enabled and strategy == "fsdp"
         self.frozen = freeze(model, config.freeze)  # before the optimizer sees the parameters
-        if config.compile:
-            accel.check_compiler(sharded=self.sharded)
+        accel.check_compiler(config.compile, sharded=self.sharded)  # train.compile: can it run?
         accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
         if config.batch_size < self.dist.world * config.accumulate:
             raise ValueError(
