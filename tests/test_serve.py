@@ -48,7 +48,14 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        # Ctrl-C as a terminal delivers it, even when pytest itself was started in the
+        # background (a shell's background job passes SIGINT on as ignored)
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
