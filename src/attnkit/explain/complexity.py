@@ -241,7 +241,10 @@ def plot_complexity(rows: Sequence[ComplexityRow], path: str | Path) -> Path:
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        if ax.get_lines():
+            ax.legend()
+        else:  # e.g. no peak memory was measured
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle("attention cost against sequence length (log-log: slope = exponent)")
     fig.tight_layout()
     with atomic_path(path, "plot_complexity") as tmp:
