@@ -2,23 +2,22 @@
 gradients as eager steps in every family and attention variant, an exact resume, DDP on 2
 processes following 1 process, and clear refusals."""
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 import attnkit as ak
 from attnkit import accel
 from attnkit.accel import compiled_training
 from attnkit.cli import main
 from attnkit.training import TrainConfig
+from test_distributed import SHAKESPEARE, train_losses, weights
+from test_distributed import tiny as distributed_tiny
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
@@ -36,7 +35,6 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-SHAKESPEARE = str(Path(__file__).resolve().parent.parent / "examples" / "shakespeare-char.toml")
 # The layers' shapes and options are the ones the trainer runs below (micro-batches of 3 x 16),
 # so that one compiled layer serves both tests: every compile costs CI 10-20 s on a cold cache.
 LM_LAYERS = dict(
@@ -119,41 +117,11 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(family):
 
 
 def tiny(steps, **changes):
-    """A run whose micro-batches (3 rows of 16 tokens) and layers are those of LM_LAYERS."""
-    values = {
-        **{f"model.{key}": value for key, value in LM_LAYERS.items()},
-        "model.n_layers": 2,
-        "model.dropout": 0.0,
-        "data.block_size": 16,
-        "data.max_chars": 20000,
-        "train.steps": steps,
-        "train.batch_size": 6,
-        "train.accumulate": 2,
-        "train.lr": 3e-3,
-        "train.schedule": "constant",
-        "train.warmup": 3,
-        "train.eval_every": 1000,
-        "train.eval_batches": 1,
-        "train.checkpoint_every": 1000,
-        "train.log_every": 1,
-        "train.sample_tokens": 0,
-        "train.threads": 1,
-        "train.precision": "fp32",
-        **changes,
-    }
-    args = []
-    for key, value in values.items():
-        args += ["--set", f"{key}={value if not isinstance(value, str) else repr(value)}"]
-    return args
-
-
-def _losses(run):
-    lines = (Path(run) / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
-
-
-def _weights(run):
-    return load_file(str(Path(run) / "checkpoint" / "model.safetensors"))
+    """test_distributed's small run with LM_LAYERS' layers and micro-batches of 3 rows of 16
+    tokens, as the tests above compile them."""
+    layers = {f"model.{key}": value for key, value in LM_LAYERS.items()}
+    micro = {"train.batch_size": 6, "train.accumulate": 2}
+    return distributed_tiny(steps, **{**layers, **micro, **changes})
 
 
 def _train(run, *args):
@@ -169,7 +137,7 @@ def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(t
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     _train(eager, *tiny(6))
     _train(compiled, "--compile", *tiny(6))
-    one, other = _losses(eager), _losses(compiled)
+    one, other = train_losses(eager), train_losses(compiled)
     assert sorted(one) == sorted(other) == list(range(1, 7))
     assert max(abs(one[s] - other[s]) for s in one) < 1e-5
     assert other[6] < other[1]
@@ -178,9 +146,9 @@ def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(t
     resumed = tmp_path / "resumed"
     _train(resumed, "--compile", *tiny(6), "--set", "train.steps=3")
     _train(resumed, "--resume", "--set", "train.compile=true", *tiny(6))
-    a, b = _weights(compiled), _weights(resumed)
+    a, b = weights(compiled), weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert _losses(resumed) == other
+    assert train_losses(resumed) == other
 
     # the same run compiled on 2 processes (DDP through torchrun; 3 rows each, one micro-batch)
     ddp = tmp_path / "ddp"
@@ -196,7 +164,7 @@ def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(t
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 processes (ddp)" in done.stdout and "compiled layers" in done.stdout
     assert "compiled the layers: step 1 took" in done.stdout
-    two = _losses(ddp)
+    two = train_losses(ddp)
     assert max(abs(two[s] - other[s]) for s in other) < 1e-5
 
 

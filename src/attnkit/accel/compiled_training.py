@@ -7,7 +7,7 @@ layers are the plain modules again, so evaluation, sampling and checkpoints neve
 code. Inductor fuses the elementwise work of a layer (norms, the activation, residual adds,
 dropout, the casts of bf16 autocast) into a few loops, forward and backward. The matrix
 products stay in oneDNN (inside :func:`attnkit.accel.onednn_products`, as the registered
-operator ``torch.ops.attnkit.onednn_linear``) and attention in torch's fused kernel. A mixture
+operator ``torch.ops.attnkit.onednn_mm``) and attention in torch's fused kernel. A mixture
 of experts routes tokens by their values (``nonzero``), so it runs eagerly between the compiled
 parts of its layer.
 

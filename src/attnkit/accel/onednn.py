@@ -12,16 +12,15 @@ Strict float32 throughout. The oneDNN path differentiates once (no second deriva
 ``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere.
 
 Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
-products are the registered operators ``attnkit::onednn_linear`` (with its gradients) and
-``attnkit::onednn_mm`` (:func:`register_operator`), one opaque call each; an inference graph
-(``accel.compiled_step``) sees ordinary linears instead.
+products are the registered operator ``attnkit::onednn_mm`` with its gradients
+(:func:`register_operator`), one opaque call each; an inference graph (``accel.compiled_step``)
+sees ordinary linears instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -125,8 +124,7 @@ def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         # (compiled layers, accel.compiled_layers); an inference graph sees an ordinary linear,
         # which Inductor's freezing packs for its own kernel (accel.compiled_step).
         and (
-            not torch.compiler.is_compiling()
-            or (_operators is not None and torch.is_grad_enabled())
+            not torch.compiler.is_compiling() or (_operator is not None and torch.is_grad_enabled())
         )
         and onednn_linear_available()
     )
@@ -137,8 +135,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if not use_onednn(x, weight, bias):
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():  # one opaque operator in the graph, both gradients too
-        x2 = x.reshape(-1, x.shape[-1])
-        out = _operators.linear(x2, weight, bias)
+        out = _operator(x.reshape(-1, x.shape[-1]), weight, bias)
         return out.view(*x.shape[:-1], weight.shape[0])
     return _OneDNNLinear.apply(x, weight, bias)
 
@@ -148,27 +145,22 @@ def mm_t(a: Tensor, b_t: Tensor) -> Tensor:
     if not use_onednn(a, b_t, None):
         return a @ b_t.t()
     if torch.compiler.is_compiling():
-        return _operators.mm(a, b_t, None)
+        return _operator(a, b_t, None)
     return _mm(a, b_t)
 
 
-class _Operators(NamedTuple):
-    mm: Callable  # attnkit::onednn_mm(a, b_t, bias): _mm
-    linear: Callable  # attnkit::onednn_linear(x2, weight, bias): _mm with both gradients
+_operator: Callable | None = None  # attnkit::onednn_mm once registered
 
 
-_operators: _Operators | None = None
-
-
-def register_operator() -> _Operators:
-    """Register the oneDNN product as the operators ``torch.ops.attnkit.onednn_mm`` and
-    ``torch.ops.attnkit.onednn_linear`` (with its gradients), once, so that a graph compiled
-    for training (:func:`attnkit.accel.compiled_layers`) keeps each product in oneDNN as one
-    opaque call while Inductor fuses the work around it. Not at import: registering imports
-    torch's compiler (a second of start-up), and eager steps use :class:`_OneDNNLinear`,
-    which skips the operator's dispatch."""
-    global _operators
-    if _operators is None:
+def register_operator() -> Callable:
+    """Register :func:`_mm`, with its gradients, as the operator ``torch.ops.attnkit.onednn_mm``
+    (once; returns it), so that a graph compiled for training
+    (:func:`attnkit.accel.compiled_layers`) keeps each product in oneDNN as one opaque call
+    while Inductor fuses the work around it. Not at import: registering imports torch's
+    compiler (a second of start-up), and eager steps use :class:`_OneDNNLinear`, which skips
+    the operator's dispatch."""
+    global _operator
+    if _operator is None:
 
         @torch.library.custom_op("attnkit::onednn_mm", mutates_args=())
         def onednn_mm(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
@@ -178,26 +170,17 @@ def register_operator() -> _Operators:
         def _(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
             return a.new_empty(a.shape[0], b_t.shape[0])
 
-        @torch.library.custom_op("attnkit::onednn_linear", mutates_args=())
-        def onednn_linear(x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-            return _mm(x2, weight, bias)
-
-        @onednn_linear.register_fake
-        def _(x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-            return x2.new_empty(x2.shape[0], weight.shape[0])
-
         def setup_context(ctx, inputs, output) -> None:
-            x2, weight, bias = inputs
-            ctx.save_for_backward(x2, weight)
+            a, b_t, bias = inputs
+            ctx.save_for_backward(a, b_t)
             ctx.has_bias = bias is not None
 
         def backward(ctx, grad: Tensor):
-            x2, weight = ctx.saved_tensors
-            return _gradients(ctx, x2, weight, grad, onednn_mm)
+            return _gradients(ctx, *ctx.saved_tensors, grad, onednn_mm)
 
-        onednn_linear.register_autograd(backward, setup_context=setup_context)
-        _operators = _Operators(mm=onednn_mm, linear=onednn_linear)
-    return _operators
+        onednn_mm.register_autograd(backward, setup_context=setup_context)
+        _operator = onednn_mm
+    return _operator
 
 
 class _Products(TorchFunctionMode):
