@@ -254,6 +254,21 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(server):
     assert reply.status_code == 200
 
 
+def test_a_client_that_leaves_before_a_whole_answer_frees_its_row(server):
+    # 2,000 tokens take about a minute: the row must be freed long before
+    body = {"prompt": "Tell me a long story.", "max_tokens": 2000}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + "/v1/completions", json=body, timeout=2.0)  # then hangs up
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if httpx.get(server + "/health").json()["running"] == 0:
+            break
+        time.sleep(0.1)
+    assert httpx.get(server + "/health").json()["running"] == 0
+    reply = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert reply.status_code == 200
+
+
 @pytest.mark.needs("chromium")
 def test_the_attention_page_in_chromium(server, tmp_path: Path):
     weights_drawn = (

@@ -28,8 +28,9 @@ from importlib import resources
 from typing import Literal
 
 from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -282,15 +283,22 @@ def create_app(
         p, c = done["prompt_tokens"], done["completion_tokens"]
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def respond(body: _Sampling, request: GenerationRequest, chat: bool):
+    async def whole(request: GenerationRequest) -> dict:
+        """The engine's last event for a request answered whole (not streamed)."""
+        done = None
+        async for event in _after_job(events(request)):
+            if event["type"] == "error":
+                raise _error(500, event["message"])
+            done = event if event["type"] == "done" else done
+        return done
+
+    async def respond(body: _Sampling, request: GenerationRequest, chat: bool, http: HTTPRequest):
         rid = ("chatcmpl-" if chat else "cmpl-") + f"{time.time_ns():x}"
         head = {"id": rid, "created": int(time.time()), "model": name}
         if not body.stream:
-            done = None
-            async for event in _after_job(events(request)):
-                if event["type"] == "error":
-                    raise _error(500, event["message"])
-                done = event if event["type"] == "done" else done
+            done = await _unless_client_leaves(whole(request), http)
+            if done is None:  # nobody is left to answer; the job was cancelled
+                return Response(status_code=499)
             if chat:
                 message = {"role": "assistant", "content": done["text"]}
                 choice = {"index": 0, "message": message, "finish_reason": done["finish_reason"]}
@@ -339,19 +347,19 @@ def create_app(
             raise _error(400, str(error), "messages") from None
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatBody):
+    async def chat_completions(body: ChatBody, http: HTTPRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         limit = body.max_completion_tokens or body.max_tokens
         request = prepare(render(messages), body, limit, "messages")
-        return await respond(body, request, chat=True)
+        return await respond(body, request, chat=True, http=http)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionBody):
+    async def completions(body: CompletionBody, http: HTTPRequest):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             raise _error(400, f"prompt: one prompt per request, got {len(prompts)}", "prompt")
         request = prepare(prompts[0], body, body.max_tokens, "prompt")
-        return await respond(body, request, chat=False)
+        return await respond(body, request, chat=False, http=http)
 
     @app.get("/v1/models")
     async def models():
@@ -415,6 +423,34 @@ def create_app(
 
     app.add_middleware(_BodyLimit, limit=max_body)
     return app
+
+
+async def _unless_client_leaves(work, http: HTTPRequest):
+    """``await work``, unless the client closes its connection first: then ``work`` is
+    cancelled (which cancels its job and frees its row in the batch) and the result is None.
+    A streamed reply notices on its own (its generator is closed); a whole one would
+    otherwise decode to the end for nobody."""
+    task = asyncio.ensure_future(work)
+    leaving = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({task, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return None
+
+
+async def _disconnected(http: HTTPRequest) -> None:
+    """Return once the server reports the client gone. The body has been read by then, so the
+    next ASGI message is ``http.disconnect`` (sent when the connection closes)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _after_job(events):
