@@ -337,8 +337,8 @@ def _normalizers(table: dict[int, str]) -> list:
 
 def e5_tokenizer(path: str | os.PathLike[str] | E5File):
     """The file's tokenizer as a :class:`~attnkit.interop.tokenizer.PretrainedTokenizer`:
-    the normalisation table as ``tokenizers`` Replace rules (one per distinct replacement),
-    spaces squeezed, Metaspace "▁", the unigram pieces and scores, ``<s> $A </s>``."""
+    the normalisation table as ``tokenizers`` normalizers (:func:`_normalizers`), spaces
+    squeezed, Metaspace "▁", the unigram pieces and scores, ``<s> $A </s>``."""
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.processors import TemplateProcessing

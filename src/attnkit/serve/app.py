@@ -434,16 +434,10 @@ async def _unless_client_leaves(work, http: HTTPRequest):
     leaving = asyncio.ensure_future(_disconnected(http))
     try:
         await asyncio.wait({task, leaving}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    finally:  # also when this handler is cancelled itself (the server stopping)
         leaving.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    return None
+        task.cancel()  # a no-op once it is done
+    return task.result() if task.done() else None
 
 
 async def _disconnected(http: HTTPRequest) -> None:
