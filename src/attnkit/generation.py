@@ -31,12 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from attnkit import checks
-from attnkit.accel import compiled_step, decoding_layout, frozen_weights
+from attnkit.accel import compiled_step, decoding_layout, frozen_weights, packed_decoder
 
 __all__ = ["BeamHypothesis", "beam_search", "generate", "sample_next"]
 
@@ -96,6 +97,16 @@ def _lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
     return model.lm_head(model.hidden_states(tokens, mask, cache)[0][:, -1])
 
 
+def lm_stepper(model, *, compile: bool = False, device: torch.device | None = None):
+    """The cached one-token step for a DecoderLM, as :func:`_lm_step` takes it: compiled
+    (``compile``), through ``accel.PackedDecoder`` where the model's weights are packed and its
+    layers are Llama's, else :func:`_lm_step` itself."""
+    if compile:
+        return compiled_step(_lm_step, device)
+    decoder = packed_decoder(model)
+    return _lm_step if decoder is None else partial(decoder.step, eager=_lm_step)
+
+
 def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
     """A Transformer decoder's logits (B, V) for the position after ``tokens`` (with or
     without a ``cache``, as :func:`_lm_step`)."""
@@ -114,7 +125,7 @@ class _DecoderLMStepper:
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
         self.model, self.use_cache = model, use_cache
         self.device = input_ids.device
-        self.cached_step = compiled_step(_lm_step, self.device) if compile else _lm_step
+        self.cached_step = lm_stepper(model, compile=compile, device=self.device)
         self.ids = input_ids
         self.mask = model.check_inputs(input_ids, attention_mask)
         dtype = next(model.parameters()).dtype

@@ -19,6 +19,9 @@ processor: measure before relying on one).
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
                   blocks, multiplied by a C kernel built at first use: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
+    packed_step.py  a Llama layer's decoding step with packed weights as one C call:
+                  ``packed_decoder(model)`` (off: ``packed_steps(False)`` or
+                  ``ATTNKIT_PACKED_STEP=0``)
     quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):
                   ``quantize(model, "int4")``
 
@@ -41,10 +44,12 @@ from attnkit.accel.onednn import (
     onednn_products,
 )
 from attnkit.accel.packed import PackedEmbedding, PackedLinear
+from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
 from attnkit.accel.quantize import quantize
 
 __all__ = [
     "FusedLMHead",
+    "PackedDecoder",
     "PackedEmbedding",
     "PackedLinear",
     "apply",
@@ -60,6 +65,8 @@ __all__ = [
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",
+    "packed_decoder",
+    "packed_steps",
     "quantize",
 ]
 

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #define QK 32
 #define MAX_ROWS 16
@@ -195,44 +196,59 @@ static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
 }
 #endif
 
-/* y[r, n] for rows r < ROWS: every block loaded once, then used for each row of x.
- * sums[r * nb + b] = the sum of x's block b in row r (for the minimum m). */
-#define ROWS_LOOP(ROWS, LOAD, BLOCK_BYTES)                                                     \
+/* Block b's share for rows r < ROWS of x, against the output row at `row`:
+ * acc[r] += d * (q . x_b) lane by lane, shift[r] += m * sum(x_b). */
+#define BLOCK_SHARE(ROWS, LOAD, BLOCK_BYTES, row, acc, shift)                                  \
     {                                                                                          \
-        const uint8_t *row = W + (size_t)n * nb * BLOCK_BYTES;                                 \
-        vec acc[MAX_ROWS];                                                                     \
-        float shift[MAX_ROWS];                                                                 \
+        vec w[NV];                                                                             \
+        float d, m;                                                                            \
+        LOAD((row) + (size_t)b * BLOCK_BYTES, w, &d, &m);                                      \
+        const vec vd = vset1(d);                                                               \
         for (int r = 0; r < (ROWS); r++) {                                                     \
-            acc[r] = vzero();                                                                  \
-            shift[r] = 0.0f;                                                                   \
+            const float *xb = x + (size_t)r * K + (size_t)b * QK;                              \
+            vec s = vmul(w[0], vload(xb));                                                     \
+            for (int v = 1; v < NV; v++) s = vfmadd(w[v], vload(xb + v * LANES), s);          \
+            (acc)[r] = vfmadd(vd, s, (acc)[r]);                                                \
+            (shift)[r] += m * sums[(size_t)r * nb + b];                                        \
         }                                                                                      \
-        for (int b = 0; b < nb; b++) {                                                         \
-            vec w[NV];                                                                         \
-            float d, m;                                                                        \
-            LOAD(row + (size_t)b * BLOCK_BYTES, w, &d, &m);                                    \
-            const vec vd = vset1(d);                                                           \
-            for (int r = 0; r < (ROWS); r++) {                                                 \
-                const float *xb = x + (size_t)r * K + (size_t)b * QK;                          \
-                vec s = vmul(w[0], vload(xb));                                                 \
-                for (int v = 1; v < NV; v++) s = vfmadd(w[v], vload(xb + v * LANES), s);      \
-                acc[r] = vfmadd(vd, s, acc[r]);                                                \
-                shift[r] += m * sums[(size_t)r * nb + b];                                      \
-            }                                                                                  \
-        }                                                                                      \
-        for (int r = 0; r < (ROWS); r++) y[(size_t)r * N + n] = vsum(acc[r]) + shift[r];       \
     }
 
-/* One row (a decoding step) gets a loop of its own, whose accumulator stays in a register. */
+/* y[r, n] (or y[r, n] + that, with add: a residual connection) for the rows of x, every block
+ * loaded once and used for each row. One row (a decoding step) has a loop of its own, whose
+ * sums stay in registers. The loops are shared among the threads of the enclosing parallel
+ * region (omp for). */
 #define PACKED_MATMUL(NAME, LOAD, BLOCK_BYTES)                                                 \
     static void NAME(const uint8_t *W, const float *x, const float *sums, float *y, int rows,  \
-                     int N, int K, int threads) {                                              \
+                     int N, int K, int add) {                                                  \
         const int nb = K / QK;                                                                 \
+        const size_t row_bytes = (size_t)nb * BLOCK_BYTES;                                     \
         if (rows == 1) {                                                                       \
-            _Pragma("omp parallel for schedule(static) num_threads(threads)")                  \
-            for (int n = 0; n < N; n++) ROWS_LOOP(1, LOAD, BLOCK_BYTES)                        \
+            _Pragma("omp for schedule(static)")                                                \
+            for (int n = 0; n < N; n++) {                                                      \
+                vec acc[1] = {vzero()};                                                        \
+                float shift[1] = {0.0f};                                                       \
+                const uint8_t *row = W + (size_t)n * row_bytes;                                \
+                for (int b = 0; b < nb; b++) BLOCK_SHARE(1, LOAD, BLOCK_BYTES, row, acc, shift) \
+                const float share = vsum(acc[0]) + shift[0];                                   \
+                y[n] = add ? y[n] + share : share;                                             \
+            }                                                                                  \
         } else {                                                                               \
-            _Pragma("omp parallel for schedule(static) num_threads(threads)")                  \
-            for (int n = 0; n < N; n++) ROWS_LOOP(rows, LOAD, BLOCK_BYTES)                     \
+            _Pragma("omp for schedule(static)")                                                \
+            for (int n = 0; n < N; n++) {                                                      \
+                vec acc[MAX_ROWS];                                                             \
+                float shift[MAX_ROWS];                                                         \
+                for (int r = 0; r < rows; r++) {                                               \
+                    acc[r] = vzero();                                                          \
+                    shift[r] = 0.0f;                                                           \
+                }                                                                              \
+                const uint8_t *row = W + (size_t)n * row_bytes;                                \
+                for (int b = 0; b < nb; b++) BLOCK_SHARE(rows, LOAD, BLOCK_BYTES, row, acc, shift) \
+                for (int r = 0; r < rows; r++) {                                               \
+                    const float share = vsum(acc[r]) + shift[r];                               \
+                    float *out = y + (size_t)r * N + n;                                        \
+                    *out = add ? *out + share : share;                                         \
+                }                                                                              \
+            }                                                                                  \
         }                                                                                      \
     }
 
@@ -275,6 +291,26 @@ int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int 
     return 0;
 }
 
+/* sums[r * nb + b] = the sum of x's block b in row r (for the minimum m). */
+static void block_sums(const float *x, float *sums, int rows, int K) {
+    const int nb = K / QK;
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < QK; j++) s += x[(size_t)r * K + (size_t)b * QK + j];
+            sums[(size_t)r * nb + b] = s;
+        }
+}
+
+/* One product of any kind, inside a parallel region. */
+static void matmul(int kind, const uint8_t *W, const float *x, const float *sums, float *y,
+                   int rows, int N, int K, int add) {
+    if (kind == 0) matmul_q8_0(W, x, sums, y, rows, N, K, add);
+    else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, add);
+    else if (kind == 2) matmul_q4_1(W, x, sums, y, rows, N, K, add);
+    else matmul_q4_k(W, x, sums, y, rows, N, K, add);
+}
+
 /* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N),
  * rows <= MAX_ROWS. threads:
  * passed by the caller (torch's count), because a thread other than the main one would
@@ -283,19 +319,154 @@ int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int 
 int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
                   int threads) {
     if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
-    const int nb = K / QK;
-    float *sums = malloc(sizeof(float) * (size_t)rows * nb);
+    float *sums = malloc(sizeof(float) * (size_t)rows * (K / QK));
     if (sums == NULL) return -2;
-    for (int r = 0; r < rows; r++)
-        for (int b = 0; b < nb; b++) {
-            float s = 0.0f;
-            for (int j = 0; j < QK; j++) s += x[(size_t)r * K + (size_t)b * QK + j];
-            sums[(size_t)r * nb + b] = s;
-        }
-    if (kind == 0) matmul_q8_0(W, x, sums, y, rows, N, K, threads);
-    else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, threads);
-    else if (kind == 2) matmul_q4_1(W, x, sums, y, rows, N, K, threads);
-    else matmul_q4_k(W, x, sums, y, rows, N, K, threads);
+    block_sums(x, sums, rows, K);
+#pragma omp parallel num_threads(threads)
+    matmul(kind, W, x, sums, y, rows, N, K, 0);
     free(sums);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One decoding step of a Llama layer (Pre-LN, RMSNorm, RoPE, grouped-query attention, SwiGLU,
+ * no biases) with packed weights: what attnkit.layers.DecoderLayer computes for one new
+ * position per row, as one parallel region (attnkit/accel/packed_step.py):
+ *
+ *   h = RMSNorm_1(x);  q, k, v = h W_in (split);  q, k = RoPE(q, k, position)
+ *   cache[length] = k, v;  a = softmax(q K^T / sqrt(d_head) + mask) V   (each query head reads
+ *   the key head it shares, h / (n_heads / n_kv_heads));  x = x + a W_out
+ *   h = RMSNorm_2(x);  x = x + (SiLU(h W_gate) * (h W_up)) W_down
+ * ------------------------------------------------------------------------------------------ */
+typedef struct {
+    int d_model, n_heads, n_kv_heads, d_head, d_ff;
+    float eps, scale;       /* RMSNorm's epsilon; the scores' factor, 1 / sqrt(d_head) */
+    const float *norm1;     /* RMSNorm gains (d_model) before attention */
+    const float *norm2;     /* ... and before the feed-forward network */
+    const float *inv_freq;  /* RoPE's inverse frequencies (d_head / 2) */
+    int kind[5];            /* in_proj, out_proj, gate, up, down: 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K */
+    const uint8_t *weight[5];
+} LlamaLayer;
+
+/* out = x / sqrt(mean(x^2) + eps) * g for each row. */
+static void rms_norm(const float *x, const float *g, float *out, int rows, int D, float eps) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * D;
+        float sq = 0.0f;
+        for (int i = 0; i < D; i++) sq += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sq / D + eps);
+        for (int i = 0; i < D; i++) out[(size_t)r * D + i] = xr[i] * inv * g[i];
+    }
+}
+
+/* RoPE's cos and sin for one position: angle i = position * inv_freq[i], i < d / 2. */
+static void rope_angles(int64_t position, const float *inv_freq, int half, float *cos_sin) {
+    for (int i = 0; i < half; i++) {
+        const float angle = (float)position * inv_freq[i];
+        cos_sin[i] = cosf(angle);
+        cos_sin[half + i] = sinf(angle);
+    }
+}
+
+/* RoPE, the half-split layout: pair i with i + d/2, rotated by the angles' cos and sin. */
+static void rope(const float *x, float *out, int d, const float *cos_sin) {
+    const int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        const float c = cos_sin[i], s = cos_sin[half + i];
+        out[i] = x[i] * c - x[i + half] * s;
+        out[i + half] = x[i + half] * c + x[i] * s;
+    }
+}
+
+/* x (rows, d_model) is updated in place. The cache holds (rows, n_kv_heads, max_len, d_head)
+ * keys and values and (rows, max_len) positions; this step writes slot `length` and attends
+ * over slots 0..length. valid: (rows, length + 1) flags of the keys a row may attend to, or
+ * NULL for all of them. Returns 0, -1 for arguments it cannot take, -2 when out of memory. */
+int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *positions,
+                      const uint8_t *valid, float *cache_k, float *cache_v, int64_t *cache_pos,
+                      int length, int max_len, int threads) {
+    const int D = L->d_model, H = L->n_heads, Hkv = L->n_kv_heads, dh = L->d_head, F = L->d_ff;
+    const int Nqkv = (H + 2 * Hkv) * dh, M = length + 1, groups = H / Hkv;
+    if (rows < 1 || rows > MAX_ROWS || D % QK || F % QK || D != H * dh || dh % 2 || threads < 1 ||
+        H % Hkv || length < 0 || length >= max_len)
+        return -1;
+    for (int i = 0; i < 5; i++)
+        if (L->kind[i] < 0 || L->kind[i] > 3) return -1;
+    const size_t per_row = (size_t)2 * D + Nqkv + 2 * F + (size_t)H * M + F / QK + dh;
+    float *scratch = malloc(sizeof(float) * per_row * rows);
+    if (scratch == NULL) return -2;
+    float *h = scratch, *qkv = h + (size_t)rows * D, *attn = qkv + (size_t)rows * Nqkv;
+    float *gate = attn + (size_t)rows * D, *up = gate + (size_t)rows * F;
+    float *scores = up + (size_t)rows * F, *sums = scores + (size_t)rows * H * M;
+    float *angles = sums + (size_t)rows * (F / QK); /* (rows, d_head): cos, then sin */
+
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp single
+        {
+            rms_norm(x, L->norm1, h, rows, D, L->eps);
+            block_sums(h, sums, rows, D);
+            for (int r = 0; r < rows; r++)
+                rope_angles(positions[r], L->inv_freq, dh / 2, angles + (size_t)r * dh);
+        }
+        matmul(L->kind[0], L->weight[0], h, sums, qkv, rows, Nqkv, D, 0);
+        /* this step's keys, rotated, and values into the cache */
+#pragma omp for schedule(static)
+        for (int i = 0; i < rows * Hkv; i++) {
+            const int r = i / Hkv, g = i % Hkv;
+            const size_t slot = (((size_t)r * Hkv + g) * max_len + length) * dh;
+            const float *k = qkv + (size_t)r * Nqkv + D + (size_t)g * dh;
+            rope(k, cache_k + slot, dh, angles + (size_t)r * dh);
+            memcpy(cache_v + slot, k + (size_t)Hkv * dh, sizeof(float) * dh);
+            if (g == 0) cache_pos[(size_t)r * max_len + length] = positions[r];
+        }
+        /* each query head against its key head's cached keys */
+#pragma omp for schedule(static)
+        for (int i = 0; i < rows * H; i++) {
+            const int r = i / H, head = i % H, g = head / groups;
+            const float *keys = cache_k + ((size_t)r * Hkv + g) * max_len * dh;
+            const float *values = cache_v + ((size_t)r * Hkv + g) * max_len * dh;
+            const uint8_t *ok = valid == NULL ? NULL : valid + (size_t)r * M;
+            float q[dh], *s = scores + (size_t)i * M, *out = attn + (size_t)r * D + head * dh;
+            rope(qkv + (size_t)r * Nqkv + (size_t)head * dh, q, dh, angles + (size_t)r * dh);
+            float top = -INFINITY;
+            for (int j = 0; j < M; j++) {
+                if (ok != NULL && !ok[j]) continue;
+                float dot = 0.0f;
+                for (int e = 0; e < dh; e++) dot += q[e] * keys[(size_t)j * dh + e];
+                s[j] = dot * L->scale;
+                if (s[j] > top) top = s[j];
+            }
+            for (int e = 0; e < dh; e++) out[e] = 0.0f;
+            if (top == -INFINITY) continue; /* nothing to attend to: a zero output */
+            float total = 0.0f;
+            for (int j = 0; j < M; j++) {
+                if (ok != NULL && !ok[j]) continue;
+                s[j] = expf(s[j] - top);
+                total += s[j];
+            }
+            for (int j = 0; j < M; j++) {
+                if (ok != NULL && !ok[j]) continue;
+                const float p = s[j] / total;
+                for (int e = 0; e < dh; e++) out[e] += p * values[(size_t)j * dh + e];
+            }
+        }
+#pragma omp single
+        block_sums(attn, sums, rows, D);
+        matmul(L->kind[1], L->weight[1], attn, sums, x, rows, D, D, 1); /* x += a W_out */
+#pragma omp single
+        {
+            rms_norm(x, L->norm2, h, rows, D, L->eps);
+            block_sums(h, sums, rows, D);
+        }
+        matmul(L->kind[2], L->weight[2], h, sums, gate, rows, F, D, 0);
+        matmul(L->kind[3], L->weight[3], h, sums, up, rows, F, D, 0);
+#pragma omp for schedule(static)
+        for (int i = 0; i < rows * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+#pragma omp single
+        block_sums(gate, sums, rows, F);
+        matmul(L->kind[4], L->weight[4], gate, sums, x, rows, D, F, 1); /* x += ... W_down */
+    }
+    free(scratch);
     return 0;
 }

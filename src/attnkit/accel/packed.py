@@ -141,7 +141,7 @@ def packed_kernel():
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None or platform.system() != "Linux":
         return None
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-lm"]
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(flags).encode() + _processor().encode()).hexdigest()
     library = _cache_dir() / f"packed-{key[:16]}.so"
@@ -150,7 +150,7 @@ def packed_kernel():
         with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
             built = Path(scratch) / library.name
             result = subprocess.run(
-                [compiler, *flags, str(_SOURCE), "-o", str(built)],
+                [compiler, *flags[:-1], str(_SOURCE), "-o", str(built), flags[-1]],
                 capture_output=True,
                 text=True,
             )
@@ -162,7 +162,26 @@ def packed_kernel():
     kernel.packed_matmul.restype = ctypes.c_int
     kernel.packed_dequantize.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 3]
     kernel.packed_dequantize.restype = ctypes.c_int
+    kernel.packed_llama_step.argtypes = [  # layer, x, rows, positions, valid, the cache, sizes
+        ctypes.POINTER(LlamaLayer), ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 5,
+        *[ctypes.c_int] * 3,
+    ]  # fmt: skip
+    kernel.packed_llama_step.restype = ctypes.c_int
     return kernel
+
+
+class LlamaLayer(ctypes.Structure):
+    """packed.c's ``LlamaLayer``: one Llama layer's sizes, norms and packed weights, for
+    ``packed_llama_step`` (:mod:`attnkit.accel.packed_step` fills it)."""
+
+    _fields_ = [
+        *[(name, ctypes.c_int) for name in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff")],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *[(name, ctypes.c_void_p) for name in ("norm1", "norm2", "inv_freq")],
+        ("kind", ctypes.c_int * 5),
+        ("weight", ctypes.c_void_p * 5),
+    ]
 
 
 # --------------------------------------------------------------------------------------------

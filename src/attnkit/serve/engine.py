@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from attnkit.caches import KVCache
-from attnkit.generation import _eval_mode, _lm_step, sample_next
+from attnkit.generation import _eval_mode, _lm_step, lm_stepper, sample_next
 from attnkit.serve.chat import TextStream
 from attnkit.stacks import DecoderCache
 
@@ -184,6 +184,7 @@ class Engine:
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """The decoding loop, on the calling thread, until :meth:`close` (or ``until()``)."""
         with torch.no_grad(), _eval_mode(self.model):
+            self.cached_step = lm_stepper(self.model)
             while not self._stop.is_set() and not (until is not None and until()):
                 try:
                     self._admit()
@@ -231,7 +232,7 @@ class Engine:
         b = len(self.jobs)
         tokens = torch.tensor([[job.generated[-1]] for job in self.jobs])  # (B, 1)
         self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=torch.bool)], dim=1)
-        logits = _lm_step(self.model, tokens, self.mask, self.cache)  # (B, V)
+        logits = self.cached_step(self.model, tokens, self.mask, self.cache)  # (B, V)
         self.steps += 1
         done = [
             i for i, job in enumerate(self.jobs) if self._emit(job, self._choose(job, logits[i]))

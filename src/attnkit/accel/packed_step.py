@@ -1,0 +1,168 @@
+"""A decoding step of a Llama-architecture model with packed weights, one C call per layer.
+
+Eager PyTorch runs a Llama layer's one-token step as about 66 tensor operations (two RMSNorms,
+RoPE, the cache, attention, SwiGLU, residual adds), each a few microseconds of dispatch, around
+five products through :class:`~attnkit.accel.PackedLinear`; for SmolLM2-135M's 30 layers that
+is more time than the products themselves (``bench/gguf_profile.py``). :class:`PackedDecoder`
+runs the same arithmetic per layer as one call into ``packed.c`` (``packed_llama_step``: one
+parallel region, the products by the same kernel as ``PackedLinear``)::
+
+    h = RMSNorm_1(x);  q, k, v = h W_in;  q, k = RoPE(q, k, position);  cache[t] = k, v
+    x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
+    x = x + (SiLU(RMSNorm_2(x) W_gate) * (RMSNorm_2(x) W_up)) W_down
+
+The embedding lookup, the final norm and the output layer stay in PyTorch. The model is not
+changed: the decoder reads its weights, norms and KV caches as they are, and writes this step's
+keys and values into the same caches, so eager and C steps can follow each other. Only what it
+can run exactly is taken (:func:`packed_decoder` says why not otherwise): a ``DecoderLM``-like
+model whose layers are Pre-LN, RMSNorm, RoPE, full attention, SwiGLU, without biases, every
+product packed, in evaluation mode, in float32 on the CPU, one new token per row, at most
+``MAX_ROWS`` rows, with the compiled kernel. The logits equal the eager packed step's up to
+float32 rounding order (``tests/test_packed_step.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.accel.packed import _KIND_CODES, MAX_ROWS, LlamaLayer, PackedLinear, packed_kernel
+from attnkit.accel.switch import Switch
+from attnkit.caches import KVCache
+from attnkit.position import positions_from_mask
+
+__all__ = ["PackedDecoder", "packed_decoder", "packed_steps"]
+
+_switch = Switch("ATTNKIT_PACKED_STEP")
+
+
+def packed_steps(enabled: bool):
+    """Turn :func:`packed_decoder` on or off inside a ``with`` block (benchmarks and tests
+    compare both). The default is on; ``ATTNKIT_PACKED_STEP=0`` turns it off."""
+    return _switch(enabled)
+
+
+def _unsupported(model: nn.Module) -> str | None:
+    """Why :class:`PackedDecoder` cannot run ``model``'s steps, or None when it can."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(model, "decoder") or not hasattr(model, "lm_head"):
+        return "not a decoder-only language model"
+    wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", activation="swiglu")
+    wanted.update(attention="full", bias=False, n_experts=0)
+    for name, value in wanted.items():
+        if getattr(cfg, name) != value:
+            return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"
+    if model.training:
+        return "the model is in training mode"
+    for layer in model.decoder.layers:
+        attention, ffn = layer.self_attn, layer.ffn
+        products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
+        if not all(isinstance(p, PackedLinear) and p.bias is None for p in products):
+            return "a layer's products are not all packed"
+        if layer.cross_attn is not None:
+            return "the layers have cross-attention"
+    if packed_kernel() is None:
+        return "the packed kernel could not be built (no C compiler)"
+    return None
+
+
+def packed_decoder(model: nn.Module) -> PackedDecoder | None:
+    """A :class:`PackedDecoder` for ``model``, or None where it cannot run its steps (or the
+    lever is off)."""
+    if not _switch.on or _unsupported(model) is not None:
+        return None
+    return PackedDecoder(model)
+
+
+def _layer(block: nn.Module, cfg) -> LlamaLayer:
+    """The C description of one DecoderLayer: sizes, norm gains and packed weights."""
+    attention, ffn = block.self_attn, block.ffn
+    products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
+    return LlamaLayer(
+        d_model=cfg.d_model,
+        n_heads=attention.n_heads,
+        n_kv_heads=attention.n_kv_heads,
+        d_head=attention.d_head,
+        d_ff=ffn.gate.out_features,
+        eps=block.norm1.eps if block.norm1.eps is not None else torch.finfo(torch.float32).eps,
+        scale=1.0 / math.sqrt(attention.d_head),
+        norm1=block.norm1.weight.data_ptr(),
+        norm2=block.norm3.weight.data_ptr(),
+        inv_freq=attention.rope.inv_freq.data_ptr(),
+        kind=(ctypes.c_int * 5)(*[_KIND_CODES[p.kind] for p in products]),
+        weight=(ctypes.c_void_p * 5)(*[p.blocks.data_ptr() for p in products]),
+    )
+
+
+class PackedDecoder:
+    """Runs ``model``'s cached one-token steps through ``packed_llama_step``.
+
+    ``step(model, tokens, mask, cache)`` has the signature and result of the eager step
+    (logits (B, V) for tokens (B, 1) after ``cache.length`` cached positions; ``mask`` (B,
+    length + 1) True on real tokens, or None) and falls back to ``eager`` for a call it cannot
+    take (a prompt, more than ``MAX_ROWS`` rows, a cache that is not a plain float32 KVCache).
+    Build it after the weights are final: it keeps their addresses."""
+
+    def __init__(self, model: nn.Module) -> None:
+        reason = _unsupported(model)
+        if reason is not None:
+            raise ValueError(f"PackedDecoder: cannot run this model's steps: {reason}")
+        self.model = model
+        self.layers = [_layer(block, model.cfg) for block in model.decoder.layers]
+        # the norms' gains and RoPE's frequencies must be float32 and contiguous where they are
+        for block in model.decoder.layers:
+            for t in (block.norm1.weight, block.norm3.weight, block.self_attn.rope.inv_freq):
+                if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                    raise ValueError("PackedDecoder: the norms and RoPE must be float32 on the CPU")
+
+    def accepts(self, tokens: Tensor, cache) -> bool:
+        """Whether :meth:`step` runs this call in C (else it falls back)."""
+        caches = getattr(cache, "self_attn", None)
+        return (
+            tokens.dim() == 2
+            and tokens.shape[1] == 1
+            and 1 <= tokens.shape[0] <= MAX_ROWS
+            and caches is not None
+            and getattr(cache, "cross_attn", None) is None
+            and len(caches) == len(self.layers)
+            and all(
+                type(c) is KVCache
+                and c.k.dtype == torch.float32
+                and c.k.is_contiguous()
+                and c.v.is_contiguous()
+                and c.positions.is_contiguous()
+                and c.k.device.type == "cpu"
+                and c.k.shape[0] == tokens.shape[0]
+                for c in caches
+            )
+            and 0 < caches[0].length < caches[0].max_len
+        )
+
+    def step(self, model, tokens: Tensor, mask: Tensor | None, cache, eager) -> Tensor:
+        if model is not self.model or not self.accepts(tokens, cache):
+            return eager(model, tokens, mask, cache)
+        caches, past = cache.self_attn, cache.length
+        b = tokens.shape[0]
+        if mask is None:
+            positions = torch.full((b,), past, dtype=torch.long)
+            valid = None
+        else:
+            positions = positions_from_mask(mask)[:, past].contiguous()  # (B,)
+            valid = None if bool(mask.all()) else mask.contiguous()  # (B, past + 1) bool
+        x = model.embeddings(tokens, positions[:, None]).reshape(b, -1).float().contiguous()
+        kernel, threads = packed_kernel().packed_llama_step, torch.get_num_threads()
+        valid_at = None if valid is None else valid.data_ptr()
+        for layer, kv in zip(self.layers, caches, strict=True):
+            status = kernel(
+                ctypes.byref(layer), x.data_ptr(), b, positions.data_ptr(), valid_at,
+                kv.k.data_ptr(), kv.v.data_ptr(), kv.positions.data_ptr(), past, kv.max_len,
+                threads,
+            )  # fmt: skip
+            if status != 0:  # cannot happen for what accepts() let through
+                raise RuntimeError(f"packed_llama_step failed ({status})")
+            kv.length = past + 1
+        x = model.decoder.norm(x)
+        return model.lm_head(x)  # (B, V)

@@ -1,0 +1,177 @@
+"""The packed decoding step (accel.PackedDecoder: a Llama layer's one-token step as one C call)
+against the eager step it replaces and against the uncached forward pass: the same logits up
+to float32 rounding order, the same caches, the same greedy tokens; and everything it cannot
+run goes through the eager step."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnkit as ak
+from attnkit.accel import PackedDecoder, packed, packed_decoder, packed_steps
+from attnkit.generation import _lm_step
+
+FORMATS = {"Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4_K": (Q.Q4_K, 256)}
+_models = {}
+
+
+def packed_llama(tmp_path_factory, kind="Q4_1"):
+    """A 2-layer Llama (4 query heads sharing 2 key/value heads) written as a GGUF file in
+    ``kind`` and loaded with its weights packed; one per format for the whole module."""
+    from test_interop_gguf import _llama, write_gguf
+
+    if kind not in _models:
+        qtype, width = FORMATS[kind]
+        path = tmp_path_factory.mktemp("gguf") / f"{kind}.gguf"
+        write_gguf(path, _llama(d_model=width, d_ff=width + 32 * (width == 64), vocab=101), qtype)
+        _models[kind] = ak.from_pretrained(path, dequantize=False).eval()
+    return _models[kind]
+
+
+def close(a, b, scale):
+    """Equal up to float32 rounding order, relative to the size of what was summed."""
+    return (a - b).abs().max().item() <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_the_c_step_equals_the_eager_step(tmp_path_factory, kind):
+    model = packed_llama(tmp_path_factory, kind)
+    decoder = packed_decoder(model)
+    assert decoder is not None
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    eager_cache, c_cache = model.new_cache(1, 20), model.new_cache(1, 20)
+    with torch.no_grad():
+        token = _lm_step(model, prompt, None, eager_cache).argmax(-1, keepdim=True)
+        _lm_step(model, prompt, None, c_cache)
+        for _ in range(10):
+            want = _lm_step(model, token, None, eager_cache)
+            got = decoder.step(model, token, None, c_cache, eager=None)  # never falls back
+            assert close(got, want, want.abs().max().item())
+            token = want.argmax(-1, keepdim=True)
+    assert c_cache.length == eager_cache.length == 16
+    for mine, theirs in zip(c_cache.self_attn, eager_cache.self_attn, strict=True):
+        assert mine.length == 16
+        for name in ("k", "v"):
+            theirs_kv = getattr(theirs, name)
+            assert close(getattr(mine, name), theirs_kv, theirs_kv.abs().max().item())
+        assert torch.equal(mine.positions, theirs.positions)
+
+
+def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
+    """Rows of different lengths, left-padded: each row's own positions and key mask."""
+    model = packed_llama(tmp_path_factory)
+    ids = torch.tensor([[2, 2, 2, 5, 6, 7], [2, 11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26]])
+    mask = ids != 2
+    mask[2] = True  # the third row starts with real tokens
+    eager_calls = []
+
+    def eager(*args):
+        eager_calls.append(args[1].shape)
+        return _lm_step(*args)
+
+    with torch.no_grad():
+        with packed_steps(False):
+            want = model.generate(ids, 12, attention_mask=mask, do_sample=False)
+            assert packed_decoder(model) is None
+        got = model.generate(ids, 12, attention_mask=mask, do_sample=False)
+        alone = [model.generate(ids[i : i + 1, mask[i]], 12, do_sample=False) for i in range(3)]
+        # the C step takes the padded rows itself
+        decoder = packed_decoder(model)
+        cache = model.new_cache(3, 8)
+        _lm_step(model, ids, mask, cache)
+        longer = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+        decoder.step(model, ids[:, -1:], longer, cache, eager=eager)
+    assert eager_calls == []
+    assert torch.equal(got, want)
+    for i in range(3):  # each row as if it stood alone
+        new = alone[i][0, int(mask[i].sum()) :]
+        assert torch.equal(got[i, 6 : 6 + len(new)], new)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    prompt=st.lists(st.integers(3, 100), min_size=1, max_size=8),
+    steps=st.lists(st.integers(3, 100), min_size=1, max_size=6),
+)
+def test_cached_c_steps_equal_the_uncached_forward(tmp_path_factory, prompt, steps):
+    """The invariant: what the C step computes from its cache equals the whole sequence run
+    again from the start, without a cache (the future cannot leak into the past either: each
+    step's logits are those of the prefix it has seen)."""
+    model = packed_llama(tmp_path_factory)
+    decoder = packed_decoder(model)
+    cache = model.new_cache(1, len(prompt) + len(steps))
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        _lm_step(model, ids, None, cache)
+        for token in steps:
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            got = decoder.step(model, ids[:, -1:], None, cache, eager=None)
+            want = model(ids)[:, -1]
+            assert close(got, want, want.abs().max().item())
+
+
+def test_what_it_cannot_run_goes_eager(tmp_path_factory):
+    model = packed_llama(tmp_path_factory)
+    decoder = packed_decoder(model)
+    calls = []
+
+    def eager(*args):
+        calls.append(args[1].shape)
+        return _lm_step(*args)
+
+    with torch.no_grad():
+        cache = model.new_cache(1, 12)
+        decoder.step(model, torch.tensor([[5, 6, 7]]), None, cache, eager=eager)  # a prompt
+        assert calls == [(1, 3)]
+        decoder.step(model, torch.tensor([[8]]), None, cache, eager=eager)
+        assert calls == [(1, 3)]  # one new token: the C step
+    # models it cannot run: it says why, and generation keeps the eager step
+    floats = ak.quantize(ak.DecoderLM(ak.ModelConfig.preset("tiny")).eval(), "int8")
+    assert packed_decoder(floats) is None
+    with pytest.raises(ValueError, match="PackedDecoder: cannot run this model's steps: cfg"):
+        PackedDecoder(floats)
+    model.train()
+    try:
+        with pytest.raises(ValueError, match="training mode"):
+            PackedDecoder(model)
+    finally:
+        model.eval()
+
+
+@pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], ["-march=x86-64"]], ids=str)
+def test_the_avx2_and_plain_c_steps_agree(tmp_path_factory, tmp_path, monkeypatch, flags):
+    """Other processors build the AVX2 or plain C code of the same file: the step is built
+    that way here and checked against the eager step of the same build."""
+    library = tmp_path / "packed.so"
+    build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", str(packed._SOURCE)]
+    subprocess.run([*build, "-o", str(library), "-lm"], check=True, capture_output=True)
+    native = packed.packed_kernel()
+    kernel = ctypes.CDLL(str(library))
+    for name in ("packed_matmul", "packed_dequantize", "packed_llama_step"):
+        getattr(kernel, name).argtypes = getattr(native, name).argtypes
+    monkeypatch.setattr(packed, "packed_kernel", lambda: kernel)
+    import attnkit.accel.packed_step as packed_step
+
+    monkeypatch.setattr(packed_step, "packed_kernel", lambda: kernel)
+    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q4_1")
+    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q8_0")
+
+
+@pytest.mark.needs("smollm2")
+def test_smollm2_decodes_the_same_tokens_through_the_c_step():
+    from attnkit.interop import load_tokenizer_for
+
+    model = ak.from_pretrained("smollm2", dequantize=False)
+    tokenizer = load_tokenizer_for("smollm2")
+    prompts = ["The capital of France is", "今天 下雨 我 没 带 伞"]
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer.encode(prompt)])
+            with packed_steps(False):
+                want = model.generate(ids, 32, do_sample=False)
+            assert torch.equal(model.generate(ids, 32, do_sample=False), want)
