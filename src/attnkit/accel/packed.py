@@ -20,7 +20,9 @@ and the processor, so a second process loads it at once. Up to ``PROMPT_ROWS`` r
 it, ``MAX_ROWS`` at a time. A longer input (a prompt), a gradient, or no compiler: the blocks
 are dequantized to float32 (by the kernel's one-pass ``packed_dequantize``, or by
 :func:`dequantize` without it; both bit for bit ``gguf.quants``), a few thousand rows at a time,
-and go through ``F.linear``, whose GEMM reuses each weight for many rows.
+and go through a GEMM, which reuses each weight for many rows: oneDNN's where
+``accel.onednn.linear`` takes the product (``ATTNKIT_ONEDNN_LINEAR=0`` turns it off), else
+``F.linear``'s.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from functools import cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from attnkit.accel.onednn import linear
 
 __all__ = [
     "BLOCK_BYTES",
@@ -54,7 +57,7 @@ BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24}  # bytes per bloc
 _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
 Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
-DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for F.linear
+DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
 _SOURCE = Path(__file__).with_name("packed.c")
 
@@ -210,7 +213,7 @@ class PackedLinear(nn.Module):
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
     model's state); ``bias`` (out_features,) float32, optional. Up to ``PROMPT_ROWS`` rows
-    without a gradient go through the packed kernel; anything else through ``F.linear`` on the
+    without a gradient go through the packed kernel; anything else through a GEMM on the
     dequantized weight.
     """
 
@@ -235,12 +238,13 @@ class PackedLinear(nn.Module):
         return _dequantized(self.blocks, self.kind, self.in_features)
 
     def _dequantized_product(self, x: Tensor) -> Tensor:
-        """``F.linear`` on the dequantized weight, ``DEQUANTIZED_ROWS`` output features at a
-        time: a large layer (an output layer over a vocabulary) is never float32 whole."""
+        """A GEMM on the dequantized weight, ``DEQUANTIZED_ROWS`` output features at a time: a
+        large layer (an output layer over a vocabulary) is never float32 whole. The GEMM is
+        oneDNN's where ``accel.onednn.linear`` takes it (a prompt's rows), else ``F.linear``."""
         parts = []
         for start in range(0, self.out_features, DEQUANTIZED_ROWS):
             rows = self.blocks[start : start + DEQUANTIZED_ROWS]
-            parts.append(F.linear(x, _dequantized(rows, self.kind, self.in_features).to(x.dtype)))
+            parts.append(linear(x, _dequantized(rows, self.kind, self.in_features).to(x.dtype)))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
