@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/pip install accelerate==1.15.0 psutil==7.2.2
 	$(BIN)/python bench/gguf_kernel.py
 	$(BIN)/python bench/gguf_speed.py
+	$(BIN)/python bench/gguf_decode.py
 	$(BIN)/python bench/gguf_profile.py
 	$(BIN)/python bench/gguf_agreement.py
 	$(BIN)/python bench/quantize_cost.py

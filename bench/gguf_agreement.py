@@ -13,7 +13,11 @@ Four runs of the same file, the same token ids in, greedy decoding:
 
 For each run it prints the number of tokens equal to the reference's before the first
 difference, and the largest logit difference on the prompt's last position; then the same
-between the rounded attnkit run and llama.cpp.
+between the rounded attnkit run and llama.cpp. Packed decoding steps run through
+``accel.PackedDecoder`` (the C step), except in the rounded run, which needs every product to
+go through ``PackedLinear``. "the C steps" is the largest logit difference over every
+decoding step, the packed model fed the reference's own tokens one at a time through the C
+step, against the float32 model's logits for the same sequence.
 
     python bench/gguf_agreement.py [--new-tokens 64]
 """
@@ -27,7 +31,8 @@ import numpy as np
 import torch
 
 import attnkit as ak
-from attnkit.accel import packed
+from attnkit.accel import packed, packed_decoder, packed_steps
+from attnkit.generation import _lm_step
 from attnkit.interop import load_tokenizer_for
 from gguf_speed import model_path
 from training import cpu_description
@@ -65,9 +70,26 @@ class LlamaCppRounding:
 def attnkit_run(model, ids: list[int], new_tokens: int, rounding: bool = False):
     x = torch.tensor([ids])
     with torch.no_grad(), LlamaCppRounding() if rounding else _nothing():
-        logits = model(x)[0, -1].numpy()
-        out = model.generate(x, new_tokens, do_sample=False)
+        with packed_steps(not rounding):  # the C step would bypass the rounding
+            logits = model(x)[0, -1].numpy()
+            out = model.generate(x, new_tokens, do_sample=False)
     return out[0, len(ids) :].tolist(), logits
+
+
+def c_step_difference(floats, packs, ids: list[int], tokens: list[int]) -> float:
+    """The largest logit difference over the decoding steps: packed C steps fed ``tokens``
+    one at a time, against the float32 model's logits for the whole sequence."""
+    decoder = packed_decoder(packs)
+    sequence = torch.tensor([ids + tokens])
+    cache = packs.new_cache(1, sequence.shape[1])
+    with torch.no_grad():
+        want = floats(sequence)[0, len(ids) : -1]  # predicting each token after the first
+        _lm_step(packs, sequence[:, : len(ids)], None, cache)
+        got = [
+            decoder.step(packs, sequence[:, t : t + 1], None, cache, eager=None)[0]
+            for t in range(len(ids), sequence.shape[1] - 1)
+        ]
+    return float((torch.stack(got) - want).abs().max())
 
 
 class _nothing:
@@ -136,6 +158,9 @@ def main() -> None:
             diff = float(np.abs(logits - ref_logits).max())
             print(f"{label:<34} {name:<34} {same:>5} / {len(reference):<5} {diff:>17.4f}")
             label = ""
+        difference = c_step_difference(floats, packs, ids, reference)
+        name = "attnkit packed, the C steps"
+        print(f"{'':<34} {name:<34} {len(reference) - 1:>5} steps {difference:>16.1e}")
         if llm is not None:
             mimic, cpp = runs["attnkit packed + llama.cpp rounding"], runs["llama.cpp"]
             same, diff = agreement(mimic[0], cpp[0]), float(np.abs(mimic[1] - cpp[1]).max())

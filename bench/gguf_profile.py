@@ -1,13 +1,16 @@
 """Where one decoding step of packed SmolLM2-135M-Instruct (Q4_1) spends its time, against
-what the memory allows.
+what the memory allows, with eager steps and with the C step (``accel.PackedDecoder``).
 
-- the step: median seconds per token over 48 greedy tokens after a 12-token prompt;
+- the step: median seconds per token over 48 greedy tokens after a 12-token prompt, eager
+  (``packed_steps(False)``) and through the C step, alternating, three times each;
 - the packed products: the time spent inside ``PackedLinear`` in those steps (the kernel, and
   the few tensor operations around each call);
 - the rest: norms, RoPE, attention, the KV cache, residual adds, module calls: counted as the
   number of tensor operations (ATen calls) one step makes;
 - the kernel alone: the C kernel called directly on every layer's blocks, one after the other
   as in a step, without the Python around it;
+- the C step's parts: its 30 layer calls alone, and the rest (the token's embedding, the final
+  norm and the output layer in PyTorch);
 - the floor: the bytes of weights one token reads (every block once), divided by the read
   bandwidth measured here (summing a 512 MB tensor on the same threads).
 
@@ -17,6 +20,7 @@ what the memory allows.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import time
 
@@ -24,7 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
-from attnkit.accel import packed
+from attnkit.accel import packed, packed_steps
+from attnkit.generation import _lm_step
 from attnkit.interop import load_tokenizer_for
 from gguf_speed import PROMPT, model_path
 from training import cpu_description
@@ -70,21 +75,42 @@ def main() -> None:
         return out
 
     model.generate(ids, 4, do_sample=False)  # warm-up: the kernel is built and loaded
-    steps, products = [], []
+    steps, products, c_steps = [], [], []
     stamps: list[float] = []
-    packed.PackedLinear.forward = timed
-    try:
-        for _ in range(3):
-            model.generate(ids, 2, do_sample=False)
-            stamps.clear()
-            inside[0] = 0.0
-            model.generate(
-                ids, 49, do_sample=False, on_token=lambda t: stamps.append(time.perf_counter())
-            )
-            steps.append((stamps[-1] - stamps[0]) / 48)
-            products.append(inside[0] / 49)  # the prompt's products are a small share
-    finally:
-        packed.PackedLinear.forward = forward
+
+    def step_time() -> float:
+        stamps.clear()
+        model.generate(
+            ids, 49, do_sample=False, on_token=lambda t: stamps.append(time.perf_counter())
+        )
+        return (stamps[-1] - stamps[0]) / 48
+
+    for _ in range(3):
+        with packed_steps(False):
+            packed.PackedLinear.forward = timed
+            try:
+                model.generate(ids, 2, do_sample=False)
+                inside[0] = 0.0
+                steps.append(step_time())
+                products.append(inside[0] / 49)  # the prompt's products are a small share
+            finally:
+                packed.PackedLinear.forward = forward
+        c_steps.append(step_time())
+    decoder = ak.accel.packed_decoder(model)
+    cache = model.new_cache(1, 64)
+    with torch.no_grad():
+        _lm_step(model, ids, None, cache)
+        x, position = torch.randn(1, model.cfg.d_model), torch.tensor([cache.length])
+        calls = []
+        for _ in range(20):
+            start = time.perf_counter()
+            for layer, kv in zip(decoder.layers, cache.self_attn, strict=True):
+                packed.packed_kernel().packed_llama_step(
+                    ctypes.byref(layer), x.data_ptr(), 1, position.data_ptr(), None,
+                    kv.k.data_ptr(), kv.v.data_ptr(), kv.positions.data_ptr(), cache.length,
+                    kv.max_len, args.threads,
+                )  # fmt: skip
+            calls.append(time.perf_counter() - start)
 
     from attnkit import generation
 
@@ -100,7 +126,8 @@ def main() -> None:
 
     generation._lm_step = counting
     try:
-        model.generate(ids, 3, do_sample=False)
+        with packed_steps(False):
+            model.generate(ids, 3, do_sample=False)
     finally:
         generation._lm_step = step_fn
 
@@ -120,10 +147,15 @@ def main() -> None:
     bandwidth = read_bandwidth()
     step, product = statistics.median(steps), statistics.median(products)
     mb = weight_bytes / 1e6
-    print(f"decoding step        {step * 1e3:7.1f} ms  ({1 / step:.1f} tokens/s)")
+    c_step, layer_calls = statistics.median(c_steps), statistics.median(calls)
+    print(f"eager decoding step  {step * 1e3:7.1f} ms  ({1 / step:.1f} tokens/s)")
     print(f"  packed products    {product * 1e3:7.1f} ms  ({len(layers)} layers, {mb:.1f} MB)")
-    print(f"    the kernel alone {statistics.median(alone) * 1e3:7.1f} ms")
     print(f"  everything else    {(step - product) * 1e3:7.1f} ms  ({counts[0]} tensor operations)")
+    print(f"C decoding step      {c_step * 1e3:7.1f} ms  ({1 / c_step:.1f} tokens/s)")
+    print(f"  the layer calls    {layer_calls * 1e3:7.1f} ms  ({len(decoder.layers)} calls)")
+    print(f"  everything else    {(c_step - layer_calls) * 1e3:7.1f} ms  (embedding, norm, output)")
+    kernel_alone = statistics.median(alone)
+    print(f"the kernel alone     {kernel_alone * 1e3:7.1f} ms  (every product, a call each)")
     print(f"read bandwidth       {bandwidth / 1e9:7.1f} GB/s (summing 512 MB)")
     floor = weight_bytes / bandwidth
     print(f"floor: the blocks    {floor * 1e3:7.1f} ms per token ({1 / floor:.0f} tokens/s)")

@@ -14,7 +14,15 @@ other, with the same prompt, the same thread count and greedy decoding:
 - peak RSS of the process, in MB;
 - how many greedy tokens equal the float32 run's before the first difference.
 
-    python bench/gguf_speed.py [--threads 2] [--new-tokens 128]
+"attnkit packed" decodes through ``accel.PackedDecoder`` (a layer's step as one C call);
+"packed, eager steps" is the same model with that lever off (``ATTNKIT_PACKED_STEP=0``). This
+machine's speed drifts by a third within minutes, so the candidates run in ``--rounds`` rounds,
+one after the other in each (every other round in the reverse order, so that a steady drift
+favours neither), and the table gives each figure's median over the rounds
+(transformers, slow to load, runs in the first round only); each round's decode ratio against
+llama.cpp is printed, a same-run ratio.
+
+    python bench/gguf_speed.py [--threads 2] [--new-tokens 128] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -149,7 +159,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
-    workers = ["packed", "float32", "llama.cpp", "transformers"]
+    parser.add_argument("--rounds", type=int, default=4)
+    workers = ["packed", "packed-eager", "float32", "llama.cpp", "transformers"]
     parser.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -158,32 +169,44 @@ def main() -> None:
         elif args.worker == "transformers":
             result = run_hugging_face(args.threads, args.new_tokens)
         else:
-            result = run_attnkit(args.worker == "packed", args.threads, args.new_tokens)
+            result = run_attnkit(args.worker != "float32", args.threads, args.new_tokens)
         print(json.dumps(result))
         return
     print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
-    candidates = ["float32", "packed", "transformers"]
+    candidates = ["float32", "packed", "packed-eager", "transformers"]
     if importlib.util.find_spec("llama_cpp") is not None:
         candidates.append("llama.cpp")
     else:
         print("llama-cpp-python is not installed: no llama.cpp column")
-    results = {}
-    for name in candidates:
-        command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
-        command += ["--new-tokens", str(args.new_tokens)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        results[name] = json.loads(out.strip().splitlines()[-1])
-    reference = results["float32"]["tokens"]
+    runs: dict[str, list[dict]] = {name: [] for name in candidates}
+    for round_ in range(args.rounds):
+        for name in candidates if round_ % 2 == 0 else candidates[::-1]:
+            if name == "transformers" and round_:
+                continue
+            command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
+            command += ["--new-tokens", str(args.new_tokens)]
+            env = dict(os.environ, ATTNKIT_PACKED_STEP="0" if name == "packed-eager" else "1")
+            out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if "llama.cpp" in runs:
+            ratio = runs["packed"][-1]["decode"] / runs["llama.cpp"][-1]["decode"]
+            print(f"round {round_ + 1}: decode, attnkit packed / llama.cpp = {ratio:.2f}x")
+    reference = runs["float32"][0]["tokens"]
     header = ("", "load s", "prompt tok/s", "first token s", "decode tok/s", "peak RSS MB")
+    print(f"medians of {args.rounds} rounds")
     print("{:<22} {:>7} {:>13} {:>14} {:>13} {:>12}  greedy = float32".format(*header))
     labels = {
         "float32": "attnkit float32",
         "packed": "attnkit packed",
+        "packed-eager": "packed, eager steps",
         "llama.cpp": "llama.cpp",
         "transformers": "Hugging Face",
     }
-    for name, r in results.items():
-        pairs = list(zip(r["tokens"], reference, strict=False))
+    for name, results in runs.items():
+        r = {
+            key: statistics.median(x[key] for x in results) for key in results[0] if key != "tokens"
+        }
+        pairs = list(zip(results[0]["tokens"], reference, strict=False))
         differ = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
         agree = f"all {len(pairs)}" if differ is None else f"the first {differ}"
         print(
