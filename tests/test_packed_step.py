@@ -20,17 +20,19 @@ FORMATS = {"Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4
 _models = {}
 
 
-def packed_llama(tmp_path_factory, kind="Q4_1"):
+def packed_llama(tmp_path_factory, kind="Q4_1", d_ff=None):
     """A 2-layer Llama (4 query heads sharing 2 key/value heads) written as a GGUF file in
-    ``kind`` and loaded with its weights packed; one per format for the whole module."""
+    ``kind`` and loaded with its weights packed; one per format (and FFN width) for the whole
+    module."""
     from test_interop_gguf import _llama, write_gguf
 
-    if kind not in _models:
-        qtype, width = FORMATS[kind]
+    qtype, width = FORMATS[kind]
+    d_ff = d_ff or width + 32 * (width == 64)
+    if (kind, d_ff) not in _models:
         path = tmp_path_factory.mktemp("gguf") / f"{kind}.gguf"
-        write_gguf(path, _llama(d_model=width, d_ff=width + 32 * (width == 64), vocab=101), qtype)
-        _models[kind] = ak.from_pretrained(path, dequantize=False).eval()
-    return _models[kind]
+        write_gguf(path, _llama(d_model=width, d_ff=d_ff, vocab=101), qtype)
+        _models[kind, d_ff] = ak.from_pretrained(path, dequantize=False).eval()
+    return _models[kind, d_ff]
 
 
 def close(a, b, scale):
@@ -38,9 +40,11 @@ def close(a, b, scale):
     return (a - b).abs().max().item() <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("kind", FORMATS)
-def test_the_c_step_equals_the_eager_step(tmp_path_factory, kind):
-    model = packed_llama(tmp_path_factory, kind)
+@pytest.mark.parametrize(
+    ("kind", "d_ff"), [*[(kind, None) for kind in FORMATS], ("Q4_1", 32)], ids=str
+)  # the last: an FFN narrower than the model
+def test_the_c_step_equals_the_eager_step(tmp_path_factory, kind, d_ff):
+    model = packed_llama(tmp_path_factory, kind, d_ff)
     decoder = packed_decoder(model)
     assert decoder is not None
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -91,6 +95,18 @@ def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
     for i in range(3):  # each row as if it stood alone
         new = alone[i][0, int(mask[i].sum()) :]
         assert torch.equal(got[i, 6 : 6 + len(new)], new)
+
+
+def test_beam_search_and_sampling_follow_the_eager_steps(tmp_path_factory):
+    """Beam search reorders the cache's rows between C steps; sampling draws from its logits."""
+    model = packed_llama(tmp_path_factory)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    options = [dict(num_beams=3), dict(do_sample=True, seed=7, top_k=20)]
+    with torch.no_grad():
+        for option in options:
+            with packed_steps(False):
+                want = model.generate(ids, 10, **option)
+            assert torch.equal(model.generate(ids, 10, **option), want), option
 
 
 @settings(max_examples=15, deadline=None)
@@ -158,8 +174,8 @@ def test_the_avx2_and_plain_c_steps_agree(tmp_path_factory, tmp_path, monkeypatc
     import attnkit.accel.packed_step as packed_step
 
     monkeypatch.setattr(packed_step, "packed_kernel", lambda: kernel)
-    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q4_1")
-    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q8_0")
+    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q4_1", 32)
+    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q8_0", None)
 
 
 @pytest.mark.needs("smollm2")

@@ -392,13 +392,14 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
         return -1;
     for (int i = 0; i < 5; i++)
         if (L->kind[i] < 0 || L->kind[i] > 3) return -1;
-    const size_t per_row = (size_t)2 * D + Nqkv + 2 * F + (size_t)H * M + F / QK + dh;
+    const int widest = D > F ? D : F; /* the longest row whose block sums are kept */
+    const size_t per_row = (size_t)2 * D + Nqkv + 2 * F + (size_t)H * M + widest / QK + dh;
     float *scratch = malloc(sizeof(float) * per_row * rows);
     if (scratch == NULL) return -2;
     float *h = scratch, *qkv = h + (size_t)rows * D, *attn = qkv + (size_t)rows * Nqkv;
     float *gate = attn + (size_t)rows * D, *up = gate + (size_t)rows * F;
     float *scores = up + (size_t)rows * F, *sums = scores + (size_t)rows * H * M;
-    float *angles = sums + (size_t)rows * (F / QK); /* (rows, d_head): cos, then sin */
+    float *angles = sums + (size_t)rows * (widest / QK); /* (rows, d_head): cos, then sin */
 
 #pragma omp parallel num_threads(threads)
     {
