@@ -77,6 +77,14 @@ def packed_decoder(model: nn.Module) -> PackedDecoder | None:
     return PackedDecoder(model)
 
 
+def _addressed(block: nn.Module) -> list[Tensor]:
+    """The tensors whose addresses :func:`_layer` puts into a layer's C description."""
+    attention, ffn = block.self_attn, block.ffn
+    products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
+    norms = [block.norm1.weight, block.norm3.weight, attention.rope.inv_freq]
+    return norms + [p.blocks for p in products]
+
+
 def _layer(block: nn.Module, cfg) -> LlamaLayer:
     """The C description of one DecoderLayer: sizes, norm gains and packed weights."""
     attention, ffn = block.self_attn, block.ffn
@@ -112,6 +120,10 @@ class PackedDecoder:
             raise ValueError(f"PackedDecoder: cannot run this model's steps: {reason}")
         self.model = model
         self.layers = [_layer(block, model.cfg) for block in model.decoder.layers]
+        # The C descriptions hold raw addresses: keep the tensors behind them alive, so that a
+        # weight replaced on the model later leaves this decoder with the old values, never
+        # with freed memory.
+        self._held = [t for block in model.decoder.layers for t in _addressed(block)]
         # the norms' gains and RoPE's frequencies must be float32 and contiguous where they are
         for block in model.decoder.layers:
             for t in (block.norm1.weight, block.norm3.weight, block.self_attn.rope.inv_freq):
