@@ -19,11 +19,10 @@ negative log-probability); 1.0 (the default) ranks by the mean log-probability p
 values favour longer outputs further. Hugging Face's formula is the same, but for decoder-only
 models its ``length`` includes the prompt; attnkit's never does.
 
-``compile=True`` runs each cached step (one position per sequence through every layer and the
-output layer) through ``torch.compile`` with the weights frozen into it
-(:mod:`attnkit.accel.compiled`): the same tokens as without it (tested), faster per step after a
-one-off compile. Without it, eager decoding lays each linear layer's weight out for one-row
-products (:func:`attnkit.accel.decoding_layout`).
+``compile=True`` runs each cached step through ``torch.compile`` with the weights frozen into it
+(:mod:`attnkit.accel.compiled`): the same tokens (tested), faster per step after a one-off
+compile. Without it, a Llama model with packed weights steps in C (``accel.PackedDecoder``),
+and other models lay each linear weight out for one-row products (``accel.decoding_layout``).
 """
 
 from __future__ import annotations
@@ -98,9 +97,8 @@ def _lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
 
 
 def lm_stepper(model, *, compile: bool = False, device: torch.device | None = None):
-    """The cached one-token step for a DecoderLM, as :func:`_lm_step` takes it: compiled
-    (``compile``), through ``accel.PackedDecoder`` where the model's weights are packed and its
-    layers are Llama's, else :func:`_lm_step` itself."""
+    """A DecoderLM's cached one-token step, called as :func:`_lm_step`: compiled, in C where
+    ``accel.packed_decoder`` takes the model, else :func:`_lm_step` itself."""
     if compile:
         return compiled_step(_lm_step, device)
     decoder = packed_decoder(model)
@@ -116,10 +114,9 @@ def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None
 class _DecoderLMStepper:
     """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
 
-    The prompt goes through the checks of ``forward``; each later step goes through the lean
-    ``hidden_states`` (the ids are the model's own) and the LM head on the last position only.
-    The prompt, the cached and the uncached steps all go through
-    :func:`_lm_step`.
+    The prompt goes through the checks of ``forward``, then :func:`_lm_step` (the lean
+    ``hidden_states``, the LM head on the last position only), as do uncached steps; cached
+    steps go through the step :func:`lm_stepper` picks.
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
@@ -334,10 +331,9 @@ def _beam_search(stepper, batch, k, max_new_tokens, eos_id, length_penalty, on_f
 
 @contextmanager
 def _eval_mode(model, compile_on_cpu: bool = False):
-    """Dropout off while generating; mode and layout are restored afterwards. Eager decoding
-    lays each linear layer's weight out for the one-row products of the decoding steps
-    (:func:`attnkit.accel.decoding_layout`); a step compiled on a CPU packs its own copy
-    instead (:func:`attnkit.accel.frozen_weights`)."""
+    """Dropout off while generating; mode and layout restored afterwards. Eager steps get each
+    linear weight laid out for one-row products (``accel.decoding_layout``); a step compiled on
+    a CPU packs its own copy instead (``accel.frozen_weights``)."""
     was_training = model.training
     model.eval()
     try:
@@ -422,8 +418,7 @@ def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache, com
     mask = attention_mask
     if mask is not None:
         mask = mask.bool().repeat_interleave(k, dim=0) if k > 1 else mask.bool()
-    is_lm = model.family == "decoder-only"
-    stepper_cls = _DecoderLMStepper if is_lm else _TransformerStepper
+    stepper_cls = _DecoderLMStepper if model.family == "decoder-only" else _TransformerStepper
     return stepper_cls(model, rows, mask, max_new_tokens, use_cache, compile and use_cache)
 
 
@@ -454,9 +449,8 @@ def generate(
     """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
     Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
     tokens with BOS first). Rows that finish (EOS) are filled with ``pad_id``; generation stops
-    early once every row has finished. ``compile=True`` runs the cached decoding step through
-    ``torch.compile`` (the same tokens, faster per step after a one-off compile). See the
-    module docstring for the decoding rules."""
+    early once every row has finished. ``compile=True`` runs the cached step through
+    ``torch.compile``. The module docstring has the decoding rules."""
     _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     cfg = model.cfg
@@ -474,10 +468,9 @@ def generate(
             compile=compile,
         )
         longest = max(len(h[0].tokens) for h in hypotheses)
-        new = torch.full((batch, longest), cfg.pad_id, dtype=torch.long)
-        for b, hyps in enumerate(hypotheses):
+        new = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=input_ids.device)
+        for b, hyps in enumerate(hypotheses):  # new: (B, T)
             new[b, : len(hyps[0].tokens)] = torch.tensor(hyps[0].tokens)
-        new = new.to(input_ids.device)  # (B, T)
     else:
         if do_sample:
             generator = torch.Generator(device=input_ids.device)

@@ -58,9 +58,7 @@ def _unsupported(model: nn.Module) -> str | None:
     if model.training:
         return "the model is in training mode"
     for layer in model.decoder.layers:
-        attention, ffn = layer.self_attn, layer.ffn
-        products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
-        if not all(isinstance(p, PackedLinear) and p.bias is None for p in products):
+        if not all(isinstance(p, PackedLinear) and p.bias is None for p in _products(layer)):
             return "a layer's products are not all packed"
         if layer.cross_attn is not None:
             return "the layers have cross-attention"
@@ -77,18 +75,22 @@ def packed_decoder(model: nn.Module) -> PackedDecoder | None:
     return PackedDecoder(model)
 
 
-def _addressed(block: nn.Module) -> list[Tensor]:
-    """The tensors whose addresses :func:`_layer` puts into a layer's C description."""
+def _products(block: nn.Module) -> tuple[nn.Module, ...]:
+    """A DecoderLayer's products in packed_llama_step's order: in_proj, out_proj, gate, up, down."""
     attention, ffn = block.self_attn, block.ffn
-    products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
-    norms = [block.norm1.weight, block.norm3.weight, attention.rope.inv_freq]
-    return norms + [p.blocks for p in products]
+    return attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down
+
+
+def _floats(block: nn.Module) -> list[Tensor]:
+    """A DecoderLayer's float tensors that packed_llama_step reads: norm gains, RoPE's
+    frequencies."""
+    return [block.norm1.weight, block.norm3.weight, block.self_attn.rope.inv_freq]
 
 
 def _layer(block: nn.Module, cfg) -> LlamaLayer:
     """The C description of one DecoderLayer: sizes, norm gains and packed weights."""
-    attention, ffn = block.self_attn, block.ffn
-    products = (attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down)
+    attention, ffn, products = block.self_attn, block.ffn, _products(block)
+    norm1, norm2, inv_freq = (t.data_ptr() for t in _floats(block))
     return LlamaLayer(
         d_model=cfg.d_model,
         n_heads=attention.n_heads,
@@ -97,9 +99,9 @@ def _layer(block: nn.Module, cfg) -> LlamaLayer:
         d_ff=ffn.gate.out_features,
         eps=block.norm1.eps if block.norm1.eps is not None else torch.finfo(torch.float32).eps,
         scale=1.0 / math.sqrt(attention.d_head),
-        norm1=block.norm1.weight.data_ptr(),
-        norm2=block.norm3.weight.data_ptr(),
-        inv_freq=attention.rope.inv_freq.data_ptr(),
+        norm1=norm1,
+        norm2=norm2,
+        inv_freq=inv_freq,
         kind=(ctypes.c_int * 5)(*[_KIND_CODES[p.kind] for p in products]),
         weight=(ctypes.c_void_p * 5)(*[p.blocks.data_ptr() for p in products]),
     )
@@ -118,17 +120,19 @@ class PackedDecoder:
         reason = _unsupported(model)
         if reason is not None:
             raise ValueError(f"PackedDecoder: cannot run this model's steps: {reason}")
+        blocks = model.decoder.layers
+        floats = [t for block in blocks for t in _floats(block)]
+        if any(
+            t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
+            for t in floats
+        ):
+            raise ValueError("PackedDecoder: the norms and RoPE must be float32 on the CPU")
         self.model = model
-        self.layers = [_layer(block, model.cfg) for block in model.decoder.layers]
+        self.layers = [_layer(block, model.cfg) for block in blocks]
         # The C descriptions hold raw addresses: keep the tensors behind them alive, so that a
         # weight replaced on the model later leaves this decoder with the old values, never
         # with freed memory.
-        self._held = [t for block in model.decoder.layers for t in _addressed(block)]
-        # the norms' gains and RoPE's frequencies must be float32 and contiguous where they are
-        for block in model.decoder.layers:
-            for t in (block.norm1.weight, block.norm3.weight, block.self_attn.rope.inv_freq):
-                if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-                    raise ValueError("PackedDecoder: the norms and RoPE must be float32 on the CPU")
+        self._held = floats + [p.blocks for block in blocks for p in _products(block)]
 
     def accepts(self, tokens: Tensor, cache) -> bool:
         """Whether :meth:`step` runs this call in C (else it falls back)."""
