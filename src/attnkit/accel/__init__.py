@@ -9,13 +9,17 @@ processor: measure before relying on one).
                   gradients), a torch function mode around a step: ``with onednn_products():``
                   (off: ``onednn_linear(False)`` or ``ATTNKIT_ONEDNN_LINEAR=0``)
     lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
-                  (tokens x V) logits: ``fuse_lm_loss(model)``
+                  (tokens x V) logits, each chunk's row-wise work in one C call (lm_loss.c):
+                  ``fuse_lm_loss(model)`` (the C kernel off: ``loss_kernels(False)`` or
+                  ``ATTNKIT_LOSS_KERNEL=0``)
     decoding.py   one-row (decoding) products over weights laid out as (in, out) rows:
                   ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
     compiled_training.py  a training step whose Transformer layers run through torch.compile
                   (the products still in oneDNN): ``with compiled_layers(model):``
+    cbuild.py     the C kernels (lm_loss.c, packed.c), built at first use with the machine's
+                  C compiler; None without one, and each caller falls back to PyTorch
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
                   blocks, multiplied by a C kernel built at first use: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
@@ -36,7 +40,7 @@ from torch import nn
 from attnkit.accel.compiled import compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
-from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy
+from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
 from attnkit.accel.onednn import (
     linear,
     onednn_linear,
@@ -62,6 +66,7 @@ __all__ = [
     "fuse_lm_loss",
     "linear",
     "linear_cross_entropy",
+    "loss_kernels",
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",

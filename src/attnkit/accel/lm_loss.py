@@ -4,18 +4,35 @@
 targets)`` computed in chunks of rows; ``fuse_lm_loss(model)`` makes a model's ``lm_head.loss``
 (``layers.LMHead``) use it. Same value, same gradients (tested); the speed-up is measured in
 bench/README.md.
+
+Each chunk's row-wise work (log-sum-exp, the target's logit, the gradient written over the
+logits) is one call of a small C kernel, ``lm_loss.c``, built at first use
+(:mod:`attnkit.accel.cbuild`): three passes over each row while it sits in the cache, in the
+logits' own dtype, where torch's operators take six to eight passes and, under bf16 autocast,
+two casts of the chunk. Without a C compiler (or with ``loss_kernels(False)``,
+``ATTNKIT_LOSS_KERNEL=0``) torch's operators do the same work.
 """
 
 from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from attnkit.accel.cbuild import build
 from attnkit.accel.onednn import linear, mm_t
+from attnkit.accel.switch import Switch
 from attnkit.layers import LMHead
 
-__all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy"]
+__all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy", "loss_kernels", "row_kernel"]
+
+_SOURCE = Path(__file__).with_name("lm_loss.c")
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_switch = Switch("ATTNKIT_LOSS_KERNEL")
 
 
 def _chunk_rows(vocab_size: int) -> int:
@@ -24,53 +41,102 @@ def _chunk_rows(vocab_size: int) -> int:
     return max(64, min(2048, (1 << 22) // vocab_size))
 
 
+@cache
+def row_kernel():
+    """``lm_loss.c`` compiled (a ``ctypes`` library), or None where it cannot be built."""
+    kernel = build(_SOURCE)
+    if kernel is not None:
+        kernel.lm_loss_rows.argtypes = [
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_float, ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int,
+        ]  # fmt: skip
+        kernel.lm_loss_rows.restype = ctypes.c_int
+    return kernel
+
+
+def loss_kernels(enabled: bool):
+    """Turn the C row kernel on or off inside a ``with`` block (tests and benchmarks compare
+    both). The default is on; ``ATTNKIT_LOSS_KERNEL=0`` turns it off."""
+    return _switch(enabled)
+
+
+def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_mean) -> bool:
+    """The row-wise work of a chunk by ``lm_loss.c`` (see its header), the gradient written
+    over ``logits``; False (nothing done) where the kernel does not apply."""
+    kernel = row_kernel() if _switch.on else None
+    if (
+        kernel is None
+        or logits.device.type != "cpu"
+        or logits.dtype not in _DTYPE_CODES
+        or not logits.is_contiguous()
+        or torch.compiler.is_compiling()
+    ):
+        return False
+    status = kernel.lm_loss_rows(
+        _DTYPE_CODES[logits.dtype], logits.data_ptr(), logits.shape[0], logits.shape[1],
+        targets.data_ptr(), weights.data_ptr(), smoothing, int(with_grads), lse.data_ptr(),
+        z_target.data_ptr(), None if z_mean is None else z_mean.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError("lm_loss_rows: a target id outside the vocabulary")
+    return True
+
+
+def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, z_mean):
+    """The same with torch's operators: the chunk's gradient, in float32."""
+    logits = logits.float()
+    top, top_id = logits.max(dim=-1, keepdim=True)
+    torch.gather(logits, 1, targets, out=z_target)
+    if z_mean is not None:
+        torch.mean(logits, dim=-1, keepdim=True, out=z_mean)
+    # torch's fused row-wise softmax: max, exp-sum and scale while a row sits in L1
+    probs = torch.softmax(logits, dim=-1)
+    torch.sub(top, probs.gather(1, top_id).log(), out=lse)  # p at the max never underflows
+    if not with_grads:
+        return None
+    # dL/dlogits = (softmax - (1 - eps) onehot - eps / V) * weight, in place
+    g = probs.mul_(weights)
+    g.scatter_add_(1, targets, weights * (smoothing - 1))
+    if smoothing:
+        g.sub_(weights * (smoothing / logits.shape[1]))
+    return g
+
+
 def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads):
     """The chunked loop behind :func:`linear_cross_entropy`: (loss, dL/dhidden, dL/dweight).
 
-    Per chunk only the big operations run (three products, the max, the softmax, the in-place
-    gradient); everything per row is gathered into (T, 1) columns and finished after the loop,
-    so that few small serial operations sit between the parallel ones.
+    Per chunk only the big operations run: the logits' product, the row-wise work (the C
+    kernel, or torch's operators) and the gradient's two products; everything per row is
+    gathered into (T, 1) columns and finished after the loop.
     """
     device = hidden.device
     autocast = torch.is_autocast_enabled(device.type)
     dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
     h_all, w = hidden.to(dtype), weight.to(dtype)  # the dtype autocast would give the product
-    n, vocab = hidden.shape[0], weight.shape[0]
+    n = hidden.shape[0]
     real = (targets != ignore_index)[:, None]  # (T, 1)
     safe = torch.where(real, targets[:, None], 0)  # (T, 1): an ignored id may be anything
-    row_weight = real / real.sum().clamp(min=1)  # (T, 1): 1 / count on the counted rows, else 0
-    top = torch.empty(n, 1, device=device)  # the row's max logit
-    top_id = torch.empty(n, 1, dtype=torch.long, device=device)
+    row_weight = (real / real.sum().clamp(min=1)).float()  # (T, 1): 1 / count, or 0 if ignored
+    lse = torch.empty(n, 1, device=device)  # each row's log-sum-exp
     z_target = torch.empty(n, 1, device=device)  # the target's logit
-    p_top = torch.empty(n, 1, device=device)  # softmax at the max: >= 1 / V, never underflows
     z_mean = torch.empty(n, 1, device=device) if smoothing else None
     grad_h_chunks, grad_w_t = [], None  # dL/dhidden per chunk; dL/dW^T (D, V) summed
-    step = _chunk_rows(vocab)
-    probs_buffer = torch.empty(min(step, n), vocab, device=device)
+    step = _chunk_rows(weight.shape[0])
     with torch.autocast(device.type, enabled=False):
         for start in range(0, n, step):
             rows = slice(start, start + step)
             h = h_all[rows]
-            logits = mm_t(h, w).float()  # (c, V): the only logits that ever exist
-            torch.max(logits, dim=-1, keepdim=True, out=(top[rows], top_id[rows]))
-            torch.gather(logits, 1, safe[rows], out=z_target[rows])
-            if smoothing:
-                torch.mean(logits, dim=-1, keepdim=True, out=z_mean[rows])
-            # torch's fused row-wise softmax: max, exp-sum and scale while a row sits in L1
-            probs = torch.softmax(logits, dim=-1, out=probs_buffer[: h.shape[0]])
-            torch.gather(probs, 1, top_id[rows], out=p_top[rows])
+            logits = mm_t(h, w)  # (c, V): the only logits that ever exist
+            columns = (lse[rows], z_target[rows], None if z_mean is None else z_mean[rows])
+            parts = (logits, safe[rows], row_weight[rows], smoothing, with_grads, *columns)
+            g = logits if _rows_c(*parts) else _rows_torch(*parts)
             if not with_grads:
                 continue
-            # dL/dlogits = (softmax - (1 - eps) onehot - eps / V) * real / count, in place
-            g = probs.mul_(row_weight[rows])
-            g.scatter_add_(1, safe[rows], row_weight[rows] * (smoothing - 1))
-            if smoothing:
-                g.sub_(row_weight[rows] * (smoothing / vocab))
             g = g.to(dtype)
             grad_h_chunks.append(mm_t(g, w.t()))  # (c, D)
-            part = mm_t(h.t(), g.t()).float()  # (D, V) = h^T g
-            grad_w_t = part if grad_w_t is None else grad_w_t.add_(part)
-    lse = top - p_top.log()  # logsumexp of each row's logits
+            part = mm_t(h.t(), g.t())  # (D, V) = h^T g, summed in float32
+            grad_w_t = part.float() if grad_w_t is None else grad_w_t.add_(part)
     loss = lse - z_target  # -log p(y)
     if smoothing:  # eps times the cross-entropy against the uniform distribution
         loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
@@ -124,7 +190,8 @@ def linear_cross_entropy(
     formed. Against logits + ``F.cross_entropy`` this saves writing and re-reading the full
     logits, their log-softmax, the zero-filled gradient and its log-softmax backward: four or
     five passes over tokens x V floats (64 MiB per pass for lm-small). The products run in the
-    autocast dtype when autocast is on; the softmax always in float32.
+    autocast dtype when autocast is on (the gradient is rounded to it, as autocast's own
+    backward rounds it); the softmax always in float32.
     """
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(

@@ -28,18 +28,13 @@ and go through a GEMM, which reuses each weight for many rows: oneDNN's where
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from attnkit.accel.cbuild import build
 from attnkit.accel.onednn import linear
 
 __all__ = [
@@ -122,45 +117,14 @@ def repack_q4_k(data: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
-    return Path(root) / "kernels"
-
-
-def _processor() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))][:2]
-        return "".join(lines)
-    except OSError:
-        return platform.processor()
-
-
 @cache
 def packed_kernel():
     """The compiled kernel (a ``ctypes`` library), or None where it cannot be built (no C
     compiler, not an x86 or ARM Linux machine, a failed build): callers fall back to
     dequantizing."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None or platform.system() != "Linux":
+    kernel = build(_SOURCE)
+    if kernel is None:
         return None
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-lm"]
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(flags).encode() + _processor().encode()).hexdigest()
-    library = _cache_dir() / f"packed-{key[:16]}.so"
-    if not library.exists():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-            built = Path(scratch) / library.name
-            result = subprocess.run(
-                [compiler, *flags[:-1], str(_SOURCE), "-o", str(built), flags[-1]],
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode != 0:
-                return None
-            built.replace(library)  # atomic: another process never sees half a library
-    kernel = ctypes.CDLL(str(library))
     kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4]
     kernel.packed_matmul.restype = ctypes.c_int
     kernel.packed_dequantize.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 3]

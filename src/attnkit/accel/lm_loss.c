@@ -1,0 +1,102 @@
+/* The row-wise part of the fused LM-head loss (lm_loss.py): for each row of logits z (one
+ * token, V = vocab entries), in three passes over the row while it sits in the cache:
+ *
+ *   m = max_j z_j,  lse = m + log sum_j exp(z_j - m),  z_t = z[target],  mean_j z_j
+ *   g_j = w (exp(z_j - lse) - eps / V - (1 - eps) [j = target])        (dL/dz_j, in place)
+ *
+ * w is the row's weight (1 / counted tokens, 0 for an ignored row) and eps the label
+ * smoothing. The logits are float32 or bfloat16 (the dtype of the product that made them);
+ * all arithmetic is float32 and g is written back in the logits' dtype, rounded to nearest
+ * even as torch rounds. torch's own operators do the same work in six to eight passes over the
+ * chunk (max, gather, softmax, gather, scale, scatter, and under autocast two casts).
+ *
+ * Built at first use by cbuild.py (-O3 -march=native -fopenmp); exp is the polynomial below
+ * so that gcc can vectorise every loop without a vector maths library.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* exp(x) for x <= 0, within 2 ulp of expf: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes'
+ * degree-6 polynomial, 2^n from the exponent bits; 0 below -87 (where expf is subnormal). */
+static inline float exp_neg(float x) {
+    float n = rintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    float scale = as_float((uint32_t)((int32_t)n + 127) << 23);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+static inline float bf16_load(uint16_t h) { return as_float((uint32_t)h << 16); }
+static inline uint16_t bf16_store(float f) {
+    uint32_t u = as_bits(f);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  /* round to nearest even */
+}
+
+/* One row in float32 (f32 != 0) or bfloat16: writes lse, z_t, the mean (if mean != 0) and,
+ * if grad, g over the row. */
+static void row(int f32, void *z, int vocab, int64_t target, float w, float eps, int grad,
+                float *lse, float *z_t, float *mean) {
+    float *zf = (float *)z;
+    uint16_t *zh = (uint16_t *)z;
+    float m = -INFINITY, total = 0.0f;
+    if (f32) {
+#pragma omp simd reduction(max : m) reduction(+ : total)
+        for (int j = 0; j < vocab; j++) { m = zf[j] > m ? zf[j] : m; total += zf[j]; }
+    } else {
+#pragma omp simd reduction(max : m) reduction(+ : total)
+        for (int j = 0; j < vocab; j++) { float v = bf16_load(zh[j]); m = v > m ? v : m; total += v; }
+    }
+    float s = 0.0f;
+    if (f32) {
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < vocab; j++) s += exp_neg(zf[j] - m);
+    } else {
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < vocab; j++) s += exp_neg(bf16_load(zh[j]) - m);
+    }
+    float z_target = f32 ? zf[target] : bf16_load(zh[target]);
+    *lse = m + logf(s);
+    *z_t = z_target;
+    if (mean) *mean = total / (float)vocab;
+    if (!grad) return;
+    /* g_j = w exp(z_j - m) / s - w eps / V, then the target's entry less w (1 - eps) */
+    float scale = w / s, shift = w * eps / (float)vocab;
+    float g_target = w * (exp_neg(z_target - m) / s - eps / (float)vocab - (1.0f - eps));
+    if (f32) {
+#pragma omp simd
+        for (int j = 0; j < vocab; j++) zf[j] = fmaf(exp_neg(zf[j] - m), scale, -shift);
+        zf[target] = g_target;
+    } else {
+#pragma omp simd
+        for (int j = 0; j < vocab; j++) zh[j] = bf16_store(fmaf(exp_neg(bf16_load(zh[j]) - m), scale, -shift));
+        zh[target] = bf16_store(g_target);
+    }
+}
+
+/* rows x vocab logits (contiguous; dtype 0 float32, 1 bfloat16), each row's target id (in
+ * [0, vocab)) and weight; per row out: lse, z_target, mean (mean may be NULL). grad != 0
+ * overwrites the logits with dL/dz. Returns 0, or -1 for a bad argument. */
+int lm_loss_rows(int dtype, void *logits, int rows, int vocab, const int64_t *targets,
+                 const float *weights, float eps, int grad, float *lse, float *z_target,
+                 float *mean, int threads) {
+    if ((dtype != 0 && dtype != 1) || rows < 0 || vocab <= 0) return -1;
+    for (int r = 0; r < rows; r++)
+        if (targets[r] < 0 || targets[r] >= vocab) return -1;
+    size_t width = (size_t)vocab * (dtype == 0 ? 4 : 2);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int r = 0; r < rows; r++)
+        row(dtype == 0, (char *)logits + (size_t)r * width, vocab, targets[r], weights[r], eps,
+            grad, lse + r, z_target + r, mean ? mean + r : 0);
+    return 0;
+}
