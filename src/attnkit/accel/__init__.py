@@ -18,6 +18,9 @@ processor: measure before relying on one).
                   ``compiled_step(step, device)``, ``with frozen_weights(model):``
     compiled_training.py  a training step whose Transformer layers run through torch.compile
                   (the products still in oneDNN): ``with compiled_layers(model):``
+    memory.py     glibc's malloc keeps freed blocks in the process instead of handing them
+                  back and faulting them in again every step: ``keep_freed_memory()`` (the
+                  trainer calls it; off: ``ATTNKIT_KEEP_MEMORY=0``)
     cbuild.py     the C kernels (lm_loss.c, packed.c), built at first use with the machine's
                   C compiler; None without one, and each caller falls back to PyTorch
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
@@ -30,7 +33,8 @@ processor: measure before relying on one).
                   ``quantize(model, "int4")``
 
 ``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
-trainer and the benchmarks run their steps inside ``onednn_products()``.
+trainer and the benchmarks run their steps inside ``onednn_products()``; the trainer also
+calls ``keep_freed_memory()``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from attnkit.accel.compiled import compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
+from attnkit.accel.memory import keep_freed_memory
 from attnkit.accel.onednn import (
     linear,
     onednn_linear,
@@ -64,6 +69,7 @@ __all__ = [
     "decoding_layouts",
     "frozen_weights",
     "fuse_lm_loss",
+    "keep_freed_memory",
     "linear",
     "linear_cross_entropy",
     "loss_kernels",

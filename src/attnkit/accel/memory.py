@@ -1,0 +1,44 @@
+"""Keep freed memory in the process, so that a training step stops paying page faults.
+
+glibc's ``malloc`` serves every block above its mmap threshold (128 KiB, raised on its own up
+to 32 MiB as blocks are freed) with a fresh ``mmap``, and returns the top of its heap to the
+kernel once more than the trim threshold is free. A training step allocates and frees the same
+large activations every step, so each step touches fresh pages again: an lm-small step on 2
+cores took about 24,000 minor page faults, 15-20% of its time (bench/README.md,
+``bench/memory.py``). ``keep_freed_memory()`` raises both thresholds (``mallopt``), once per
+process: blocks up to 1 GiB come from the heap, and up to 2 GiB of free heap stays mapped. The
+step's peak memory does not change; the process simply keeps it between steps, as PyTorch's
+CUDA allocator does on a GPU.
+
+The trainer calls it when training starts (``ATTNKIT_KEEP_MEMORY=0`` leaves malloc as it is).
+On other C libraries it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+__all__ = ["keep_freed_memory"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+_MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB from the heap
+_TRIM_THRESHOLD = (1 << 31) - 1  # keep up to 2 GiB of free heap (mallopt takes an int)
+_done: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds for this process (once); True if they are raised
+    (now or before), False on another C library or with ``ATTNKIT_KEEP_MEMORY=0``."""
+    global _done
+    if _done is None:
+        _done = False
+        if os.environ.get("ATTNKIT_KEEP_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
+            libc = ctypes.CDLL(ctypes.util.find_library("c"))
+            _done = bool(
+                libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+            )
+    return _done

@@ -1,0 +1,51 @@
+"""accel.keep_freed_memory: a block freed and allocated again no longer faults its pages in
+again (counted by the kernel's minor page faults, in a fresh process each way), and the trainer's
+step turns it on."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnkit.accel as accel
+from attnkit.training import config as training_config
+
+PROGRAM = """
+import resource, sys, torch
+import attnkit.accel as accel
+kept = accel.keep_freed_memory()
+for i in range(6):  # 64 MiB: above glibc's largest automatic mmap threshold (32 MiB)
+    if i == 2:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(16 << 20).fill_(1.0)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(kept, faults / 4)
+"""
+
+
+def faults_per_block(keep: bool) -> tuple[str, float]:
+    env = {"ATTNKIT_KEEP_MEMORY": "1" if keep else "0", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True,
+        env={**os.environ, **env},
+    ).stdout.split()  # fmt: skip
+    return out[0], float(out[1])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+def test_freed_memory_is_reused_without_page_faults():
+    pages = (64 << 20) // 4096
+    kept, faults = faults_per_block(True)
+    assert kept == "True" and faults < pages / 20
+    kept, faults = faults_per_block(False)
+    assert kept == "False" and faults > pages / 2  # glibc's default: every block faults again
+
+
+def test_the_training_step_keeps_freed_memory(monkeypatch):
+    calls = []
+    monkeypatch.setattr(accel, "keep_freed_memory", lambda: calls.append(1))
+    with training_config.step_context("fp32", torch.device("cpu")):
+        pass
+    assert calls
