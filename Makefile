@@ -74,6 +74,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/attention.py
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/training.py
+	$(BIN)/python bench/step_kernels.py
+	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/compile_time.py
 	$(BIN)/python bench/serve.py
 	# llama.cpp, the reference for GGUF on a CPU: built from its sdist once (about 10 minutes on

@@ -59,7 +59,12 @@ def child(name: str) -> None:
     times = []
     for _ in range(3):
         started = time.perf_counter()
-        with autocast, accel.onednn_products(), accel.compiled_layers(model):
+        with (
+            autocast,
+            accel.onednn_products(),
+            accel.fast_attention(),
+            accel.compiled_layers(model),
+        ):
             value = loss()
         value.backward()
         optimizer.step()

@@ -9,7 +9,9 @@ Training variants (batch 8 x 256 tokens, float32 unless the name says bf16):
 - ``+ oneDNN linear``: attnkit's ``Linear`` sends float32 products to oneDNN;
 - ``+ fused LM-head loss``: ``DecoderLM.loss`` (``linear_cross_entropy``, no logits tensor);
 - ``+ fused AdamW`` / ``foreach AdamW``: the optimizer's single-kernel / multi-tensor forms;
-- ``bf16 autocast`` (with everything above; and with logits + CE);
+- ``+ C attention``: ``accel.fast_attention`` (attention's forward and backward by attnkit's
+  kernel instead of torch's flash attention); the rows after it keep it;
+- ``bf16 autocast`` (with everything above, and without the C attention; and with logits + CE);
 - ``torch.compile`` (``--compile``; minutes of compiling on 2 cores, so off by default).
 
     python bench/levers.py [--repeats 7] [--threads 2] [--compile] [--json out.json]
@@ -36,6 +38,7 @@ def variant(
     onednn: bool = True,
     fused_loss: bool = True,
     adamw: str = "fused",
+    attention: bool = False,
     precision: str = "fp32",
     compile_model: bool = False,
 ) -> Candidate:
@@ -59,6 +62,8 @@ def variant(
         with contextlib.ExitStack() as stack:
             if onednn:
                 stack.enter_context(accel.onednn_products())
+            if attention:
+                stack.enter_context(accel.fast_attention())
             if precision == "bf16":
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             loss = loss_of()
@@ -78,13 +83,15 @@ def training_variants(with_compile: bool) -> list[Candidate]:
         variant("+ oneDNN linear", fused_loss=False, adamw="loop"),
         variant("+ fused LM-head loss", adamw="loop"),
         variant("+ foreach AdamW (not fused)", adamw="foreach"),
-        variant("+ fused AdamW (all levers)"),
-        variant("all levers, logits + CE", fused_loss=False),
-        variant("bf16 autocast (all levers)", precision="bf16"),
-        variant("bf16, logits + CE", precision="bf16", fused_loss=False),
+        variant("+ fused AdamW"),
+        variant("+ C attention (all levers)", attention=True),
+        variant("all levers, logits + CE", fused_loss=False, attention=True),
+        variant("bf16 autocast (all levers)", precision="bf16", attention=True),
+        variant("bf16, torch's attention", precision="bf16"),
+        variant("bf16, logits + CE", precision="bf16", fused_loss=False, attention=True),
     ]
     if with_compile:
-        out.append(variant("torch.compile (all levers)", compile_model=True))
+        out.append(variant("torch.compile (all levers)", compile_model=True, attention=True))
     return out
 
 

@@ -41,10 +41,19 @@ CATEGORIES = [  # (category, substrings of operator names), first match wins
     ("matrix products", ("::mm", "addmm", "bmm", "_linear_pointwise", "::matmul", "_gemm_")),
     ("guard checks (Dynamo)", ("TorchDynamo Cache Lookup",)),
     ("compiled graph's Python wrapper", ("Call CompiledFxGraph",)),
-    ("attention kernel", ("scaled_dot_product",)),
+    ("attention kernel", ("scaled_dot_product", "attnkit::attention")),
     (
         "softmax / cross-entropy",
-        ("softmax", "nll_loss", "logsumexp", "aten::max", "aten::exp", "aten::log", "gather"),
+        (
+            "softmax",
+            "nll_loss",
+            "logsumexp",
+            "aten::max",
+            "aten::exp",
+            "aten::log",
+            "gather",
+            "lm_loss_rows",
+        ),
     ),
     ("layer norm", ("layer_norm",)),
     ("activation (GELU)", ("gelu", "relu", "threshold")),
@@ -72,7 +81,14 @@ CATEGORIES = [  # (category, substrings of operator names), first match wins
 ]
 
 
-PROFILED = ("aten::", "mkldnn::", "graph_", "TorchDynamo Cache Lookup", "## Call CompiledFxGraph")
+PROFILED = (  # operators, and the C kernels' calls (attnkit::)
+    "aten::",
+    "mkldnn::",
+    "attnkit::",
+    "graph_",
+    "TorchDynamo Cache Lookup",
+    "## Call CompiledFxGraph",
+)
 
 
 def category(event) -> str:
@@ -115,7 +131,12 @@ def training_profile(
     def step():
         # as the trainer runs a step (compiled: train.compile = true)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-        with autocast, accel.onednn_products(), accel.compiled_layers(model, compiled):
+        with (
+            autocast,
+            accel.onednn_products(),
+            accel.fast_attention(),
+            accel.compiled_layers(model, compiled),
+        ):
             if loss_kind == "fused":
                 loss = model.loss(inputs, targets)
             else:

@@ -30,7 +30,11 @@ in the same rounds: ``torch.mm`` of two 4096 x 4096 matrices in the same dtype, 
 also oneDNN's matmul on the same matrices (the best float32 GEMM this torch build has here).
 
     python bench/training.py [--suite lm,mt] [--repeats 5] [--warmup 1] [--threads 2]
-                             [--json runs/bench/training.json]
+                             [--keep-memory] [--json runs/bench/training.json]
+
+By default the process keeps glibc's default malloc, as a user of the references runs them;
+attnkit's trainer keeps freed memory (``accel.keep_freed_memory``), which ``bench/memory.py``
+measures on its own and ``--keep-memory`` applies to every candidate here.
 """
 
 from __future__ import annotations
@@ -273,14 +277,16 @@ def with_levers(
     loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
 ) -> Callable[[], Tensor]:
     """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (``attnkit.accel.onednn_products``, and ``accel.compiled_layers`` for ``train.compile``)
-    as ``variant`` (a key of VARIANTS) says; the references run as they are."""
+    (``attnkit.accel.onednn_products``, ``accel.fast_attention``, and
+    ``accel.compiled_layers`` for ``train.compile``) as ``variant`` (a key of VARIANTS) says;
+    the references run as they are."""
     compiled, onednn = VARIANTS[variant]
 
     def run() -> Tensor:
         with (
             accel.onednn_linear(onednn),
             accel.onednn_products(),
+            accel.fast_attention(),
             accel.compiled_layers(model, compiled),
         ):
             return loss_of()
@@ -583,9 +589,10 @@ def cpu_description() -> str:
 
 def print_report(results: dict) -> None:
     print(f"\nCPU: {results.get('cpu', 'not recorded')}")
+    memory = "freed memory kept" if results.get("keep_memory") else "glibc's default malloc"
     print(
         f"training throughput, {results['threads']} threads, median of {results['repeats']} "
-        f"interleaved steps, AdamW {results['adamw']}"
+        f"interleaved steps, AdamW {results['adamw']}, {memory}"
     )
     if "lm" in results:
         print(f"\nlm-small, batch {LM_BATCH} x {LM_LEN} tokens")
@@ -633,11 +640,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--adamw", choices=("fused", "foreach", "loop"), default="fused")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/training.json"))
+    parser.add_argument(
+        "--keep-memory",
+        action="store_true",
+        help="accel.keep_freed_memory() for the whole process (every candidate, references "
+        "too): no step pays page faults for memory an earlier step freed",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.keep_memory and not accel.keep_freed_memory():
+        raise SystemExit("--keep-memory: glibc's malloc is not in use here")
     results = run(args.suite.split(","), args.repeats, args.warmup, args.adamw)
     results["cpu"] = cpu_description()
+    results["keep_memory"] = args.keep_memory
     print_report(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))

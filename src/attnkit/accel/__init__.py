@@ -8,6 +8,10 @@ processor: measure before relying on one).
     onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
                   gradients), a torch function mode around a step: ``with onednn_products():``
                   (off: ``onednn_linear(False)`` or ``ATTNKIT_ONEDNN_LINEAR=0``)
+    attention.py  attention's forward and backward for training steps by a C kernel
+                  (attention.c), a torch function mode around a step: ``with
+                  fast_attention():`` (off: ``attention_kernel(False)`` or
+                  ``ATTNKIT_ATTENTION_KERNEL=0``)
     lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
                   (tokens x V) logits, each chunk's row-wise work in one C call (lm_loss.c):
                   ``fuse_lm_loss(model)`` (the C kernel off: ``loss_kernels(False)`` or
@@ -33,14 +37,15 @@ processor: measure before relying on one).
                   ``quantize(model, "int4")``
 
 ``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
-trainer and the benchmarks run their steps inside ``onednn_products()``; the trainer also
-calls ``keep_freed_memory()``.
+trainer and the benchmarks run their steps inside ``onednn_products()`` and
+``fast_attention()``; the trainer also calls ``keep_freed_memory()``.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from attnkit.accel.attention import attention_kernel, fast_attention
 from attnkit.accel.compiled import compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
@@ -62,11 +67,13 @@ __all__ = [
     "PackedEmbedding",
     "PackedLinear",
     "apply",
+    "attention_kernel",
     "check_compiler",
     "compiled_layers",
     "compiled_step",
     "decoding_layout",
     "decoding_layouts",
+    "fast_attention",
     "frozen_weights",
     "fuse_lm_loss",
     "keep_freed_memory",

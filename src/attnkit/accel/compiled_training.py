@@ -7,9 +7,10 @@ layers are the plain modules again, so evaluation, sampling and checkpoints neve
 code. Inductor fuses the elementwise work of a layer (norms, the activation, residual adds,
 dropout, the casts of bf16 autocast) into a few loops, forward and backward. The matrix
 products stay in oneDNN (inside :func:`attnkit.accel.onednn_products`, as the registered
-operator ``torch.ops.attnkit.onednn_mm``) and attention in torch's fused kernel. A mixture
-of experts routes tokens by their values (``nonzero``), so it runs eagerly between the compiled
-parts of its layer.
+operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (inside
+:func:`attnkit.accel.fast_attention`, as ``torch.ops.attnkit.attention``) or torch's fused
+one. A mixture of experts routes tokens by their values (``nonzero``), so it runs eagerly
+between the compiled parts of its layer.
 
 Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
 traces one layer, and the compiled code serves all of them (the weights are its inputs, not
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from attnkit.accel.attention import register_operator as register_attention
 from attnkit.accel.onednn import register_operator
 from attnkit.layers import DecoderLayer, EncoderLayer, MoEFeedForward
 
@@ -69,8 +71,9 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
     """Inside the block, each Transformer layer of ``model`` runs a compiled ``forward``
     (see the module docstring); ``enabled=False`` changes nothing."""
     layers = transformer_layers(model) if enabled else []
-    if layers:
-        register_operator()  # oneDNN products stay one call each in the compiled graphs
+    if layers:  # oneDNN products and attention stay one call each in the compiled graphs
+        register_operator()
+        register_attention()
     # A mixture of experts routes each token by data (nonzero): it runs eagerly between
     # the compiled parts of its layer.
     experts = [m for m in model.modules() if isinstance(m, MoEFeedForward)] if layers else []

@@ -1,0 +1,305 @@
+/* Scaled dot-product attention on the CPU, forward and backward, one (batch, head) per task:
+ *
+ *   s_ij = scale q_i . k_j   (j allowed: key j is valid, and j <= i + M - N when causal)
+ *   p_ij = exp(s_ij - lse_i),  lse_i = log sum_j exp(s_ij),  o_i = sum_j p_ij v_j
+ *
+ *   backward, from lse (p is recomputed, never stored by the forward):
+ *   dp_ij = do_i . v_j,  D_i = do_i . o_i,  ds_ij = scale p_ij (dp_ij - D_i)
+ *   dv_j = sum_i p_ij do_i,   dq_i = sum_j ds_ij k_j,   dk_j = sum_i ds_ij q_i
+ *
+ * A head's q, k, v (and do, o) are first copied into float32 scratch, zero-padded (rows to 4,
+ * keys to 32, d to 32; k and v also transposed), so that every product is one of two small
+ * register-blocked loops (4 rows x 32 columns) over contiguous memory. The forward keeps 4
+ * rows of scores at a time; the backward a head's p and ds (n x m each, in the cache for the
+ * sequence lengths this is used for). Tensors may be float32 or bfloat16 (the arithmetic is
+ * float32) with any strides over (batch, head, position) and a contiguous last axis. A query
+ * with no allowed key gets o_i = 0 and lse_i = +inf (its p and gradients are 0). Causal masks
+ * skip the blocks above the diagonal. Built at first use by cbuild.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int dtype;          /* 0 float32, 1 bfloat16 */
+    void *data;
+    int64_t sb, sh, sn; /* strides in elements: batch, head, position (the last axis is 1) */
+} View;
+
+static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* exp(x) for x <= 0 (lm_loss.c's polynomial); 0 below -87 */
+static inline float exp_neg(float x) {
+    float n = rintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    float scale = as_float((uint32_t)((int32_t)n + 127) << 23);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+static inline void load_row(const View *v, int b, int h, int n, int d, float *out) {
+    int64_t at = b * v->sb + h * v->sh + n * v->sn;
+    if (v->dtype == 0) {
+        memcpy(out, (const float *)v->data + at, sizeof(float) * d);
+    } else {
+        const uint16_t *src = (const uint16_t *)v->data + at;
+        for (int t = 0; t < d; t++) out[t] = as_float((uint32_t)src[t] << 16);
+    }
+}
+
+static inline void store_row(const View *v, int b, int h, int n, int d, const float *in) {
+    int64_t at = b * v->sb + h * v->sh + n * v->sn;
+    if (v->dtype == 0) {
+        memcpy((float *)v->data + at, in, sizeof(float) * d);
+    } else {
+        uint16_t *dst = (uint16_t *)v->data + at;
+        for (int t = 0; t < d; t++) {
+            uint32_t u = as_bits(in[t]);
+            dst[t] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+/* 16 floats, loaded and stored without alignment; gcc lowers it to AVX-512, AVX2 or scalar code */
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+#define AT(p) (*(v16 *)(p))
+
+static inline int round_up(int x, int to) { return (x + to - 1) / to * to; }
+
+/* the number of keys query i may see (causal, bottom-right aligned) */
+static inline int visible(int i, int n, int m, int causal) {
+    if (!causal) return m;
+    int last = i + m - n + 1;
+    return last < 0 ? 0 : (last > m ? m : last);
+}
+
+/* C[r][j] = alpha sum_t A[r][t] B[t][j] for 4 rows r and j < cols (a multiple of 32): A is
+ * 4 x dp (row stride lda), B dp x cols (row stride ldb), C row stride ldc. */
+static void rows_times_bt(const float *A, int lda, const float *B, int ldb, int dp, int cols,
+                          float alpha, float *C, int ldc) {
+    for (int j = 0; j < cols; j += 32) {
+        v16 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+        for (int t = 0; t < dp; t++) {
+            v16 b0 = AT(B + (size_t)t * ldb + j), b1 = AT(B + (size_t)t * ldb + j + 16);
+            float a0 = A[t], a1 = A[lda + t], a2 = A[2 * lda + t], a3 = A[3 * lda + t];
+            c00 += a0 * b0; c01 += a0 * b1; c10 += a1 * b0; c11 += a1 * b1;
+            c20 += a2 * b0; c21 += a2 * b1; c30 += a3 * b0; c31 += a3 * b1;
+        }
+        AT(C + j) = alpha * c00; AT(C + j + 16) = alpha * c01;
+        AT(C + ldc + j) = alpha * c10; AT(C + ldc + j + 16) = alpha * c11;
+        AT(C + 2 * ldc + j) = alpha * c20; AT(C + 2 * ldc + j + 16) = alpha * c21;
+        AT(C + 3 * ldc + j) = alpha * c30; AT(C + 3 * ldc + j + 16) = alpha * c31;
+    }
+}
+
+/* C[r][:] = sum_{k0 <= k < k1} P(r, k) X[k][:] for 4 rows r: P(r, k) = P[r sr + k sk] (so P or
+ * its transpose), X is k1 x dp (row stride ldx, dp a multiple of 32), C row stride ldc. */
+static void rows_times_x(const float *P, size_t sr, size_t sk, const float *X, int ldx, int k0,
+                         int k1, int dp, float *C, int ldc) {
+    for (int c = 0; c < dp; c += 32) {
+        v16 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+        for (int k = k0; k < k1; k++) {
+            v16 x0 = AT(X + (size_t)k * ldx + c), x1 = AT(X + (size_t)k * ldx + c + 16);
+            const float *pk = P + k * sk;
+            float p0 = pk[0], p1 = pk[sr], p2 = pk[2 * sr], p3 = pk[3 * sr];
+            c00 += p0 * x0; c01 += p0 * x1; c10 += p1 * x0; c11 += p1 * x1;
+            c20 += p2 * x0; c21 += p2 * x1; c30 += p3 * x0; c31 += p3 * x1;
+        }
+        AT(C + c) = c00; AT(C + c + 16) = c01;
+        AT(C + ldc + c) = c10; AT(C + ldc + c + 16) = c11;
+        AT(C + 2 * ldc + c) = c20; AT(C + 2 * ldc + c + 16) = c21;
+        AT(C + 3 * ldc + c) = c30; AT(C + 3 * ldc + c + 16) = c31;
+    }
+}
+
+typedef struct {
+    int batch, heads, n, m, d, causal;
+    float scale;
+    const uint8_t *valid; /* batch x m (1 = a real key) or NULL */
+} Shape;
+
+/* A head's sizes in scratch: rows padded to 4, keys to 32, d to 32 (the padding is zero). */
+typedef struct { int np, mp, dp; } Padded;
+
+static Padded padded(const Shape *s) {
+    Padded p = {round_up(s->n, 4), round_up(s->m, 32), round_up(s->d, 32)};
+    return p;
+}
+
+/* rows of a (b, h) slice into float32 scratch: n rows of d, zero-padded to np x dp */
+static void load_rows(const View *v, int b, int h, int n, int d, int np, int dp, float *out) {
+    memset(out, 0, sizeof(float) * (size_t)np * dp);
+    for (int i = 0; i < n; i++) load_row(v, b, h, i, d, out + (size_t)i * dp);
+}
+
+/* the same, transposed: dp x mp */
+static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp, float *row,
+                      float *out) {
+    memset(out, 0, sizeof(float) * (size_t)dp * mp);
+    for (int j = 0; j < m; j++) {
+        load_row(v, b, h, j, d, row);
+        for (int t = 0; t < d; t++) out[(size_t)t * mp + j] = row[t];
+    }
+}
+
+/* Turn 4 rows of scores (row stride mp) into probabilities p = exp(s - lse): for the forward
+ * (lse == NULL) the row's lse is computed, stored in out_lse, and p normalised. Keys past what
+ * a row may see, and invalid keys, get p = 0; so does every key of a row with none. */
+static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_t *valid,
+                          const float *lse, float *out_lse) {
+    for (int r = 0; r < 4; r++) {
+        float *row = S + (size_t)r * mp;
+        int i = i0 + r, len = i < s->n ? visible(i, s->n, s->m, s->causal) : 0;
+        if (valid)
+            for (int j = 0; j < len; j++)
+                if (!valid[j]) row[j] = -INFINITY;
+        for (int j = len; j < mp; j++) row[j] = -INFINITY;
+        float top = -INFINITY;
+        if (lse) {
+            top = i < s->n ? lse[i] : INFINITY;
+        } else {
+            for (int j = 0; j < len; j++) top = row[j] > top ? row[j] : top;
+        }
+        if (top == -INFINITY || top == INFINITY) { /* nothing to attend to */
+            memset(row, 0, sizeof(float) * mp);
+            if (out_lse && i < s->n) out_lse[i] = INFINITY;
+            continue;
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < mp; j++) {
+            float e = row[j] == -INFINITY ? 0.0f : exp_neg(row[j] - top);
+            row[j] = e;
+            sum += e;
+        }
+        if (out_lse) {
+            float inv = 1.0f / sum;
+#pragma omp simd
+            for (int j = 0; j < mp; j++) row[j] *= inv;
+            out_lse[i] = top + logf(sum);
+        }
+    }
+}
+
+/* The widest row of keys any of rows i0..i0+3 sees, rounded up to 32. */
+static int block_cols(int i0, const Shape *s) {
+    int last = i0 + 3 < s->n ? i0 + 3 : s->n - 1;
+    return round_up(visible(last, s->n, s->m, s->causal), 32);
+}
+
+int attention_forward(const Shape *s, const View *q, const View *k, const View *v, const View *o,
+                      float *lse, int threads) {
+    if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+    Padded z = padded(s);
+    size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        /* Q: np x dp, Kt: dp x mp, V: mp x dp, S: 4 x mp, O: 4 x dp, a row of d */
+        float *Q = aligned_alloc(64, sizeof(float) * (nd + 2 * md + 4 * (size_t)z.mp + 4 * z.dp + z.dp));
+        if (!Q) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *Kt = Q + nd, *V = Kt + md, *S = V + md, *O = S + 4 * (size_t)z.mp, *row = O + 4 * z.dp;
+#pragma omp for schedule(dynamic)
+        for (int bh = 0; bh < s->batch * s->heads; bh++) {
+            if (!Q) continue;
+            int b = bh / s->heads, h = bh % s->heads;
+            load_rows(q, b, h, s->n, s->d, z.np, z.dp, Q);
+            load_cols(k, b, h, s->m, s->d, z.mp, z.dp, row, Kt);
+            load_rows(v, b, h, s->m, s->d, z.mp, z.dp, V);
+            const uint8_t *valid = s->valid ? s->valid + (size_t)b * s->m : 0;
+            for (int i0 = 0; i0 < s->n; i0 += 4) {
+                int cols = block_cols(i0, s);
+                rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, S, z.mp);
+                probabilities(S, z.mp, i0, s, valid, 0, lse + (size_t)bh * s->n);
+                rows_times_x(S, z.mp, 1, V, z.dp, 0, cols, z.dp, O, z.dp);
+                for (int r = 0; r < 4 && i0 + r < s->n; r++)
+                    store_row(o, b, h, i0 + r, s->d, O + (size_t)r * z.dp);
+            }
+        }
+        free(Q);
+    }
+    return failed ? -2 : 0;
+}
+
+int attention_backward(const Shape *s, const View *q, const View *k, const View *v,
+                       const View *o, const View *dout, const float *lse, const View *dq,
+                       const View *dk, const View *dv, int threads) {
+    if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+    Padded z = padded(s);
+    size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp, nm = (size_t)z.np * z.mp;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        /* Q, dO, dQ: np x dp; K, dK, dV: mp x dp; Kt, Vt: dp x mp; P, dS: np x mp; D: np;
+         * two rows of dp */
+        float *Q = aligned_alloc(64, sizeof(float) * (3 * nd + 5 * md + 2 * nm + z.np + 2 * (size_t)z.dp));
+        if (!Q) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *dO = Q + nd, *dQ = dO + nd, *K = dQ + nd, *dK = K + md, *dV = dK + md;
+        float *Kt = dV + md, *Vt = Kt + md, *P = Vt + md, *dS = P + nm, *D = dS + nm;
+        float *row = D + z.np, *oi = row + z.dp;
+#pragma omp for schedule(dynamic)
+        for (int bh = 0; bh < s->batch * s->heads; bh++) {
+            if (!Q) continue;
+            int b = bh / s->heads, h = bh % s->heads, n = s->n, m = s->m, d = s->d;
+            load_rows(q, b, h, n, d, z.np, z.dp, Q);
+            load_rows(dout, b, h, n, d, z.np, z.dp, dO);
+            load_rows(k, b, h, m, d, z.mp, z.dp, K);
+            load_cols(k, b, h, m, d, z.mp, z.dp, row, Kt);
+            load_cols(v, b, h, m, d, z.mp, z.dp, row, Vt);
+            for (int i = 0; i < z.np; i++) { /* D_i = do_i . o_i */
+                float sum = 0.0f;
+                if (i < n) {
+                    load_row(o, b, h, i, d, oi);
+                    for (int t = 0; t < d; t++) sum = fmaf(dO[(size_t)i * z.dp + t], oi[t], sum);
+                }
+                D[i] = sum;
+            }
+            const uint8_t *valid = s->valid ? s->valid + (size_t)b * m : 0;
+            const float *head_lse = lse + (size_t)bh * n;
+            for (int i0 = 0; i0 < z.np; i0 += 4) {
+                float *Pi = P + (size_t)i0 * z.mp, *dSi = dS + (size_t)i0 * z.mp;
+                int cols = i0 < n ? block_cols(i0, s) : 0;
+                rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, Pi, z.mp);
+                probabilities(Pi, z.mp, i0, s, valid, head_lse, 0);
+                rows_times_bt(dO + (size_t)i0 * z.dp, z.dp, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
+                for (int r = 0; r < 4; r++) { /* ds = p (dp - D) scale; 0 wherever p is */
+                    float Di = D[i0 + r], *pr = Pi + (size_t)r * z.mp, *dsr = dSi + (size_t)r * z.mp;
+#pragma omp simd
+                    for (int j = 0; j < z.mp; j++) dsr[j] = j < cols ? pr[j] * (dsr[j] - Di) * s->scale : 0.0f;
+                }
+                /* dq_i = sum_j ds_ij k_j */
+                rows_times_x(dSi, z.mp, 1, K, z.dp, 0, cols, z.dp, dQ + (size_t)i0 * z.dp, z.dp);
+            }
+            /* dv_j = sum_i p_ij do_i and dk_j = sum_i ds_ij q_i: rows of P^T and dS^T; causal
+             * rows i < j - (m - n) have p_ij = 0 and are skipped */
+            for (int j0 = 0; j0 < z.mp; j0 += 4) {
+                int first = s->causal ? j0 - (m - n) : 0;
+                first = first < 0 ? 0 : (first > z.np ? z.np : first);
+                rows_times_x(P + j0, 1, z.mp, dO, z.dp, first, z.np, z.dp, dV + (size_t)j0 * z.dp, z.dp);
+                rows_times_x(dS + j0, 1, z.mp, Q, z.dp, first, z.np, z.dp, dK + (size_t)j0 * z.dp, z.dp);
+            }
+            for (int i = 0; i < n; i++) store_row(dq, b, h, i, d, dQ + (size_t)i * z.dp);
+            for (int j = 0; j < m; j++) {
+                store_row(dk, b, h, j, d, dK + (size_t)j * z.dp);
+                store_row(dv, b, h, j, d, dV + (size_t)j * z.dp);
+            }
+        }
+        free(Q);
+    }
+    return failed ? -2 : 0;
+}

@@ -1,0 +1,259 @@
+"""Attention for training steps on the CPU by a C kernel (``attention.c``), forward and backward.
+
+    out = softmax(q k^T * scale + mask) v            (per batch and head)
+
+``with fast_attention():`` is a torch function mode: inside it, every
+``F.scaled_dot_product_attention`` call (the fused path of ``backends.attend``, which every
+attnkit attention layer takes) whose inputs need a gradient goes to the kernel when it can
+take it: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout,
+as many key and value heads as query heads, and either no mask, the causal flag, or a boolean
+key-padding mask of shape (B, 1, 1, M). Everything else goes to torch as usual; and
+inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``) the kernel
+is the registered operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
+
+Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention runs near 40
+GFLOP/s in float32 and slower still in bf16, so attention became the largest cost of a bf16
+step after the products. The kernel (one (batch, head) per task, register-blocked products over
+float32 scratch, p recomputed from the row's log-sum-exp in the backward) is measured against
+it in bench/README.md. The forward saves only the output and one log-sum-exp per row, as torch's
+kernel does. ``attention_kernel(False)`` or ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.overrides import TorchFunctionMode
+from torch.profiler import record_function
+
+from attnkit.accel.cbuild import build
+from attnkit.accel.switch import Switch
+
+__all__ = ["attention", "attention_kernel", "fast_attention", "kernel", "register_operator"]
+
+_SOURCE = Path(__file__).with_name("attention.c")
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_MAX_SCRATCH = 1 << 22  # padded N x M per head (the backward keeps two): beyond, torch's kernel
+_switch = Switch("ATTNKIT_ATTENTION_KERNEL")
+
+
+class _View(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("data", ctypes.c_void_p),
+        *[(name, ctypes.c_int64) for name in ("sb", "sh", "sn")],
+    ]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [
+        *[(name, ctypes.c_int) for name in ("batch", "heads", "n", "m", "d", "causal")],
+        ("scale", ctypes.c_float),
+        ("valid", ctypes.c_void_p),
+    ]
+
+
+@cache
+def kernel():
+    """``attention.c`` compiled (a ``ctypes`` library), or None where it cannot be built."""
+    library = build(_SOURCE)
+    if library is not None:
+        view, shape = ctypes.POINTER(_View), ctypes.POINTER(_Shape)
+        library.attention_forward.argtypes = [shape, *[view] * 4, ctypes.c_void_p, ctypes.c_int]
+        library.attention_backward.argtypes = [
+            shape, *[view] * 5, ctypes.c_void_p, *[view] * 3, ctypes.c_int,
+        ]  # fmt: skip
+        library.attention_forward.restype = library.attention_backward.restype = ctypes.c_int
+    return library
+
+
+def attention_kernel(enabled: bool):
+    """Turn the kernel on or off inside a ``with`` block (tests and benchmarks compare both).
+    The default is on; ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off."""
+    return _switch(enabled)
+
+
+def _view(t: Tensor) -> _View:
+    return _View(_DTYPE_CODES[t.dtype], t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+
+
+def _like_heads(t: Tensor) -> Tensor:
+    """An empty (B, H, N, d) tensor laid out as (B, N, H, d), as the layers' heads are."""
+    b, h, n, d = t.shape
+    return t.new_empty(b, n, h, d).transpose(1, 2)
+
+
+def _check(status: int, where: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{where}: the attention kernel failed (status {status})")
+
+
+def _forward(q, k, v, valid, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """(out, lse): out laid out as the heads are, lse (B, H, N) float32."""
+    b, h, n, d = q.shape
+    shape = _Shape(b, h, n, k.shape[2], d, int(causal), scale,
+                   None if valid is None else valid.data_ptr())  # fmt: skip
+    out, lse = _like_heads(q), q.new_empty(b, h, n, dtype=torch.float32)
+    with record_function("attnkit::attention_forward"):  # named in torch.profiler's tables
+        status = kernel().attention_forward(
+            shape, _view(q), _view(k), _view(v), _view(out), lse.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+    _check(status, "attention_forward")
+    return out, lse
+
+
+def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float):
+    """(dL/dq, dL/dk, dL/dv) from the output's gradient."""
+    grad = grad.to(q.dtype)
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    b, h, n, d = q.shape
+    shape = _Shape(b, h, n, k.shape[2], d, int(causal), scale,
+                   None if valid is None else valid.data_ptr())  # fmt: skip
+    dq, dk, dv = _like_heads(q), _like_heads(k), _like_heads(v)
+    with record_function("attnkit::attention_backward"):
+        status = kernel().attention_backward(
+            shape, _view(q), _view(k), _view(v), _view(out), _view(grad), lse.data_ptr(),
+            _view(dq), _view(dk), _view(dv), torch.get_num_threads(),
+        )  # fmt: skip
+    _check(status, "attention_backward")
+    return dq, dk, dv
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, valid, causal, scale):
+        out, lse = _forward(q, k, v, valid, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse, valid)
+        ctx.options = (causal, scale)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, out, lse, valid = ctx.saved_tensors
+        return *_backward(q, k, v, out, lse, grad, valid, *ctx.options), None, None, None
+
+
+_operator = None  # attnkit::attention once registered
+
+
+def register_operator():
+    """Register the kernel, with its gradient, as ``torch.ops.attnkit.attention`` (once;
+    returns it; None where the kernel cannot be built), so that a graph compiled for training
+    (``accel.compiled_layers``) keeps attention in the kernel as one opaque call. Not at import
+    (it imports torch's compiler)."""
+    global _operator
+    if _operator is None and kernel() is not None:
+
+        @torch.library.custom_op("attnkit::attention", mutates_args=())
+        def attention_op(
+            q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, causal: bool, scale: float
+        ) -> tuple[Tensor, Tensor]:
+            return _forward(q, k, v, valid, causal, scale)
+
+        @attention_op.register_fake
+        def _(q, k, v, valid, causal, scale):
+            return _like_heads(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+        @torch.library.custom_op("attnkit::attention_backward", mutates_args=())
+        def backward_op(
+            q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad: Tensor,
+            valid: Tensor | None, causal: bool, scale: float,
+        ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+            return _backward(q, k, v, out, lse, grad, valid, causal, scale)
+
+        @backward_op.register_fake
+        def _(q, k, v, out, lse, grad, valid, causal, scale):
+            return _like_heads(q), _like_heads(k), _like_heads(v)
+
+        def setup_context(ctx, inputs, output) -> None:
+            q, k, v, valid, causal, scale = inputs
+            ctx.save_for_backward(q, k, v, *output, valid)
+            ctx.options = (causal, scale)
+
+        def backward(ctx, grad_out, grad_lse):
+            q, k, v, out, lse, valid = ctx.saved_tensors
+            grads = backward_op(q, k, v, out, lse, grad_out, valid, *ctx.options)
+            return *grads, None, None, None
+
+        attention_op.register_autograd(backward, setup_context=setup_context)
+        _operator = attention_op
+    return _operator
+
+
+def _key_padding(mask: Tensor | None, b: int, m: int) -> Tensor | bool | None:
+    """A (B, 1, 1, M) or (B, M)-broadcastable boolean mask as (B, M) uint8 (1 = a key that may
+    be attended); None for no mask; False for a mask the kernel cannot take."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1):
+        return False
+    if mask.shape[-1] != m or mask.shape[0] not in (1, b):
+        return False
+    return mask.reshape(-1, m).expand(b, m).to(torch.uint8).contiguous()
+
+
+def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
+    return (
+        _switch.on
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+        and q.device.type == k.device.type == v.device.type == "cpu"
+        and q.dtype in _DTYPE_CODES
+        and q.dtype == k.dtype == v.dtype
+        and q.dim() == k.dim() == v.dim() == 4
+        and q.shape[:2] == k.shape[:2] == v.shape[:2]  # no broadcast, no grouped heads
+        and k.shape == v.shape
+        and k.shape[-1] == q.shape[-1]
+        and min(q.shape) > 0
+        and k.shape[2] > 0
+        and dropout_p == 0.0
+        and not enable_gqa
+        and -(-q.shape[2] // 4) * 4 * (-(-k.shape[2] // 32) * 32) <= _MAX_SCRATCH
+        and all(t.stride(-1) == 1 for t in (q, k, v))
+        # in a compiled graph, the registered operator (never the build, which Dynamo cannot
+        # trace); eagerly, the kernel
+        and (_operator is not None if torch.compiler.is_compiling() else kernel() is not None)
+    )
+
+
+def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):  # fmt: skip
+    """``F.scaled_dot_product_attention`` with the same arguments, by the kernel where it
+    applies (see the module docstring), else by torch."""
+    if _takes(q, k, v, dropout_p, enable_gqa) and not (is_causal and attn_mask is not None):
+        valid = _key_padding(attn_mask, q.shape[0], k.shape[2])
+        if valid is not False:
+            scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+            if torch.compiler.is_compiling():  # one opaque operator in the graph
+                return _operator(q, k, v, valid, bool(is_causal), scale)[0]
+            return _Attention.apply(q, k, v, valid, is_causal, scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa,
+    )  # fmt: skip
+
+
+class _Calls(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            return attention(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def fast_attention():
+    """Inside the block, ``F.scaled_dot_product_attention`` calls go through :func:`attention`."""
+    if not _switch.on:
+        yield
+        return
+    with _Calls():
+        yield

@@ -1,0 +1,173 @@
+"""The C attention kernel (``accel/attention.c``) against torch: a property over random shapes,
+masks and strides (float32 against float64 references, bfloat16 against float32), rows with
+nothing to attend to, the models' training steps with the kernel on and off (eager and compiled
+layers), the cases it leaves to torch, and the AVX2 and plain C builds."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnkit as ak
+import attnkit.accel.attention as kernel_module
+from attnkit import accel
+from attnkit.accel.attention import attention, attention_kernel, fast_attention
+
+
+def reference(q, k, v, mask, causal):
+    """torch's math in float64: out, and a row with nothing to attend to gives 0 (as attnkit)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    n, m = q.shape[2], k.shape[2]
+    allowed = torch.ones(n, m, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril(m - n)  # bottom-right aligned
+    if mask is not None:
+        allowed = allowed & mask
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    return (torch.nan_to_num(weights) @ v).float()
+
+
+def heads(b, h, n, d, dtype, gen, layout):
+    """(B, H, N, d) heads laid out as the layers make them (a slice of (B, N, 3 H d),
+    transposed) or contiguous."""
+    if layout == "contiguous":
+        return torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_()
+    wide = torch.randn(b, n, 3 * h * d, generator=gen).to(dtype).requires_grad_()
+    return wide[..., h * d : 2 * h * d].view(b, n, h, d).transpose(1, 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    n=st.integers(1, 40),
+    m=st.integers(1, 40),
+    d=st.sampled_from([1, 8, 16, 24, 32, 40, 64]),
+    causal=st.booleans(),
+    padding=st.booleans(),
+    layout=st.sampled_from(["contiguous", "heads"]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_equals_the_float64_reference(b, h, n, m, d, causal, padding, layout, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = heads(b, h, n, d, torch.float32, gen, layout)
+    k, v = (heads(b, h, m, d, torch.float32, gen, layout) for _ in range(2))
+    mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding and not causal else None
+    grad = torch.randn(b, h, n, d, generator=gen)
+    assert kernel_module._takes(q, k, v, 0.0, False)  # the kernel, not torch, answers below
+    with attention_kernel(True):
+        out = attention(q, k, v, attn_mask=mask, is_causal=causal)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want_out = reference(q64, k64, v64, mask, causal)
+    want = torch.autograd.grad(want_out, (q64, k64, v64), grad.double())
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a, w.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_matches_float32_to_bf16_rounding():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 50, 32, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 4, 50, 32)
+    want_out = reference(q, k, v, None, True)
+    want = torch.autograd.grad(want_out, (q, k, v), grad)
+    low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
+    out = attention(*low, is_causal=True)
+    got = torch.autograd.grad(out, low, grad.bfloat16())
+    assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in got)
+    torch.testing.assert_close(out.float(), want_out, rtol=3e-2, atol=3e-2)
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a.float(), w, rtol=5e-2, atol=5e-2)
+
+
+def test_a_query_with_nothing_to_attend_to_gets_zeros_not_nan():
+    q, k, v = (torch.randn(2, 2, 5, 16, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1] = False  # the second sequence has no real key
+    out = attention(q, k, v, attn_mask=mask)
+    out.sum().backward()
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert torch.equal(q.grad[1], torch.zeros_like(q.grad[1]))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_training_steps_equal_with_and_without_the_kernel(family, compiled):
+    """The models' loss and every gradient, with the kernel and with torch's attention
+    (eager, and with compiled layers where the kernel is a registered operator)."""
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset("tiny", norm="post" if family == "seq2seq" else "pre")
+    model = accel.apply(ak.DecoderLM(cfg) if family == "decoder" else ak.Transformer(cfg))
+    ids = torch.randint(3, cfg.vocab_size, (3, 17))
+    ids[0, -4:] = cfg.pad_id
+
+    def step(kernel: bool):
+        model.zero_grad()
+        with (
+            attention_kernel(kernel),
+            fast_attention(),
+            accel.compiled_layers(model, compiled and kernel),
+        ):
+            if family == "decoder":
+                loss = model.loss(ids[:, :-1], ids[:, 1:])
+            else:
+                tgt_in = ak.shift_right(ids, cfg.bos_id)
+                loss = model.loss(ids, tgt_in, ids, ids != cfg.pad_id, ignore_index=cfg.pad_id)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want, got = step(False), step(True)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for a, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-6)
+
+
+def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
+    calls = []
+    real = kernel_module._Attention.apply
+    monkeypatch.setattr(kernel_module._Attention, "apply", lambda *a: calls.append(1) or real(*a))
+    q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
+    with fast_attention():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert len(calls) == 1
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # dropout: torch
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool))
+        F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True)
+        with torch.no_grad():  # inference: torch
+            F.scaled_dot_product_attention(q, k, v)
+        with attention_kernel(False):
+            F.scaled_dot_product_attention(q, k, v)
+        assert len(calls) == 1
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
+        assert len(calls) == 2
+
+
+@pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)
+def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
+    """This machine builds the AVX-512 code; other processors get AVX2 or plain C from the
+    same file. Both are built here and checked against the float64 reference."""
+    library = tmp_path / "attention.so"
+    build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", str(kernel_module._SOURCE)]
+    subprocess.run([*build, "-o", str(library), "-lm"], check=True, capture_output=True)
+    built = ctypes.CDLL(str(library))
+    native = kernel_module.kernel()
+    for name in ("attention_forward", "attention_backward"):
+        getattr(built, name).argtypes = getattr(native, name).argtypes
+        getattr(built, name).restype = getattr(native, name).restype
+    monkeypatch.setattr(kernel_module, "kernel", lambda: built)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 37, 40, requires_grad=True) for _ in range(3))
+    out = attention(q, k, v, is_causal=True)
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    want_out = reference(q, k, v, None, True)
+    want = torch.autograd.grad(want_out.sum(), (q, k, v))
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)
