@@ -16,10 +16,9 @@
  * with no allowed key gets o_i = 0 and lse_i = +inf (its p and gradients are 0). Causal masks
  * skip the blocks above the diagonal. Built at first use by cbuild.py.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "fastmath.h"
 
 typedef struct {
     int dtype;          /* 0 float32, 1 bfloat16 */
@@ -27,32 +26,13 @@ typedef struct {
     int64_t sb, sh, sn; /* strides in elements: batch, head, position (the last axis is 1) */
 } View;
 
-static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-/* exp(x) for x <= 0 (lm_loss.c's polynomial); 0 below -87 */
-static inline float exp_neg(float x) {
-    float n = rintf(x * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, x);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r) + 1.0f;
-    float scale = as_float((uint32_t)((int32_t)n + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
-}
-
 static inline void load_row(const View *v, int b, int h, int n, int d, float *out) {
     int64_t at = b * v->sb + h * v->sh + n * v->sn;
     if (v->dtype == 0) {
         memcpy(out, (const float *)v->data + at, sizeof(float) * d);
     } else {
         const uint16_t *src = (const uint16_t *)v->data + at;
-        for (int t = 0; t < d; t++) out[t] = as_float((uint32_t)src[t] << 16);
+        for (int t = 0; t < d; t++) out[t] = bf16_load(src[t]);
     }
 }
 
@@ -62,10 +42,7 @@ static inline void store_row(const View *v, int b, int h, int n, int d, const fl
         memcpy((float *)v->data + at, in, sizeof(float) * d);
     } else {
         uint16_t *dst = (uint16_t *)v->data + at;
-        for (int t = 0; t < d; t++) {
-            uint32_t u = as_bits(in[t]);
-            dst[t] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-        }
+        for (int t = 0; t < d; t++) dst[t] = bf16_store(in[t]);
     }
 }
 

@@ -1,10 +1,11 @@
 """C kernels built at first use with the machine's C compiler.
 
-``build(source)`` compiles ``source`` (a ``.c`` file beside this module) with ``-O3
--march=native -fopenmp`` into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed
-by the source, the flags and the processor, so that a second process loads the library at
-once. It returns a ``ctypes`` library, or None where none can be built (no C compiler, not
-Linux, a failed build, a missing source): every caller has a PyTorch path to fall back to.
+``build(source)`` compiles ``source`` (a ``.c`` file beside this module, which may include the
+headers beside it) with ``-O3 -march=native -fopenmp`` into ``~/.cache/attnkit/kernels``
+(``ATTNKIT_CACHE`` moves it), keyed by the source, the headers, the flags and the processor,
+so that a second process loads the library at once. It returns a ``ctypes`` library, or None
+where none can be built (no C compiler, not Linux, a failed build, a missing source): every
+caller has a PyTorch path to fall back to.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def build(source: Path) -> ctypes.CDLL | None:
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None or platform.system() != "Linux" or not source.is_file():
         return None
-    text = source.read_bytes()
+    # the source and the headers beside it (fastmath.h), so that editing either rebuilds
+    text = b"".join(p.read_bytes() for p in [source, *sorted(source.parent.glob("*.h"))])
     key = hashlib.sha256(text + " ".join(FLAGS).encode() + _processor().encode()).hexdigest()
     library = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if not library.exists():

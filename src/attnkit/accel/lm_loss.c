@@ -10,38 +10,10 @@
  * even as torch rounds. torch's own operators do the same work in six to eight passes over the
  * chunk (max, gather, softmax, gather, scale, scatter, and under autocast two casts).
  *
- * Built at first use by cbuild.py (-O3 -march=native -fopenmp); exp is the polynomial below
- * so that gcc can vectorise every loop without a vector maths library.
+ * Built at first use by cbuild.py (-O3 -march=native -fopenmp); exp is fastmath.h's
+ * polynomial, so that gcc can vectorise every loop without a vector maths library.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-/* exp(x) for x <= 0, within 2 ulp of expf: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes'
- * degree-6 polynomial, 2^n from the exponent bits; 0 below -87 (where expf is subnormal). */
-static inline float exp_neg(float x) {
-    float n = rintf(x * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, x);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r) + 1.0f;
-    float scale = as_float((uint32_t)((int32_t)n + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
-}
-
-static inline float bf16_load(uint16_t h) { return as_float((uint32_t)h << 16); }
-static inline uint16_t bf16_store(float f) {
-    uint32_t u = as_bits(f);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  /* round to nearest even */
-}
+#include "fastmath.h"
 
 /* One row in float32 (f32 != 0) or bfloat16: writes lse, z_t, the mean (if mean != 0) and,
  * if grad, g over the row. */
