@@ -104,6 +104,11 @@ typedef struct {
     const uint8_t *valid; /* batch x m (1 = a real key) or NULL */
 } Shape;
 
+/* floats, 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
+static float *scratch(size_t floats) {
+    return aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+}
+
 /* A head's sizes in scratch: rows padded to 4, keys to 32, d to 32 (the padding is zero). */
 typedef struct { int np, mp, dp; } Padded;
 
@@ -182,7 +187,7 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
 #pragma omp parallel num_threads(threads)
     {
         /* Q: np x dp, Kt: dp x mp, V: mp x dp, S: 4 x mp, O: 4 x dp, a row of d */
-        float *Q = aligned_alloc(64, sizeof(float) * (nd + 2 * md + 4 * (size_t)z.mp + 4 * z.dp + z.dp));
+        float *Q = scratch(nd + 2 * md + 4 * (size_t)z.mp + 5 * (size_t)z.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
@@ -221,7 +226,7 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
     {
         /* Q, dO, dQ: np x dp; K, dK, dV: mp x dp; Kt, Vt: dp x mp; P, dS: np x mp; D: np;
          * two rows of dp */
-        float *Q = aligned_alloc(64, sizeof(float) * (3 * nd + 5 * md + 2 * nm + z.np + 2 * (size_t)z.dp));
+        float *Q = scratch(3 * nd + 5 * md + 2 * nm + z.np + 2 * (size_t)z.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
