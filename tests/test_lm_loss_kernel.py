@@ -113,6 +113,16 @@ def test_bf16_loss_and_gradients_match_autocast_logits_and_cross_entropy(smoothi
         torch.testing.assert_close(weight.grad, want[1], rtol=2e-2, atol=1e-5)
 
 
+def test_int32_targets_give_the_int64_loss():
+    torch.manual_seed(3)
+    hidden, weight = torch.randn(20, 8), torch.randn(30, 8)
+    targets = torch.randint(0, 30, (20,))
+    assert torch.equal(
+        linear_cross_entropy(hidden, weight, targets.int()),
+        linear_cross_entropy(hidden, weight, targets),
+    )
+
+
 def test_a_bad_target_is_refused_by_the_kernel():
     logits, weights = torch.randn(2, 5), torch.ones(2, 1)
     columns = [torch.empty(2, 1) for _ in range(3)]

@@ -118,7 +118,7 @@ def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads
     h_all, w = hidden.to(dtype), weight.to(dtype)  # the dtype autocast would give the product
     n = hidden.shape[0]
     real = (targets != ignore_index)[:, None]  # (T, 1)
-    safe = torch.where(real, targets[:, None], 0)  # (T, 1): an ignored id may be anything
+    safe = torch.where(real, targets[:, None], 0).long()  # (T, 1): ignored ids become 0
     row_weight = (real / real.sum().clamp(min=1)).float()  # (T, 1): 1 / count, or 0 if ignored
     lse = torch.empty(n, 1, device=device)  # each row's log-sum-exp
     z_target = torch.empty(n, 1, device=device)  # the target's logit
