@@ -144,7 +144,6 @@ static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_
         if (valid)
             for (int j = 0; j < len; j++)
                 if (!valid[j]) row[j] = -INFINITY;
-        for (int j = len; j < mp; j++) row[j] = -INFINITY;
         float top = -INFINITY;
         if (lse) {
             top = i < s->n ? lse[i] : INFINITY;
@@ -156,17 +155,18 @@ static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_
             if (out_lse && i < s->n) out_lse[i] = INFINITY;
             continue;
         }
-        float sum = 0.0f;
+        float sum = 0.0f; /* exp only over the keys the row may see; the rest are 0 */
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < mp; j++) {
+        for (int j = 0; j < len; j++) {
             float e = row[j] == -INFINITY ? 0.0f : exp_neg(row[j] - top);
             row[j] = e;
             sum += e;
         }
+        memset(row + len, 0, sizeof(float) * (size_t)(mp - len));
         if (out_lse) {
             float inv = 1.0f / sum;
 #pragma omp simd
-            for (int j = 0; j < mp; j++) row[j] *= inv;
+            for (int j = 0; j < len; j++) row[j] *= inv;
             out_lse[i] = top + logf(sum);
         }
     }

@@ -95,12 +95,16 @@ def _check(status: int, where: str) -> None:
         raise RuntimeError(f"{where}: the attention kernel failed (status {status})")
 
 
+def _shape(q, k, valid, causal: bool, scale: float) -> _Shape:
+    b, h, n, d = q.shape
+    return _Shape(b, h, n, k.shape[2], d, int(causal), scale,
+                  None if valid is None else valid.data_ptr())  # fmt: skip
+
+
 def _forward(q, k, v, valid, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(out, lse): out laid out as the heads are, lse (B, H, N) float32."""
-    b, h, n, d = q.shape
-    shape = _Shape(b, h, n, k.shape[2], d, int(causal), scale,
-                   None if valid is None else valid.data_ptr())  # fmt: skip
-    out, lse = _like_heads(q), q.new_empty(b, h, n, dtype=torch.float32)
+    shape = _shape(q, k, valid, causal, scale)
+    out, lse = _like_heads(q), q.new_empty(q.shape[:3], dtype=torch.float32)
     with record_function("attnkit::attention_forward"):  # named in torch.profiler's tables
         status = kernel().attention_forward(
             shape, _view(q), _view(k), _view(v), _view(out), lse.data_ptr(),
@@ -114,9 +118,7 @@ def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float):
     """(dL/dq, dL/dk, dL/dv) from the output's gradient."""
     grad = grad.to(q.dtype)
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-    b, h, n, d = q.shape
-    shape = _Shape(b, h, n, k.shape[2], d, int(causal), scale,
-                   None if valid is None else valid.data_ptr())  # fmt: skip
+    shape = _shape(q, k, valid, causal, scale)
     dq, dk, dv = _like_heads(q), _like_heads(k), _like_heads(v)
     with record_function("attnkit::attention_backward"):
         status = kernel().attention_backward(
