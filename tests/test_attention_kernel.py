@@ -57,11 +57,18 @@ def test_kernel_equals_the_float64_reference(b, h, n, m, d, causal, padding, lay
     gen = torch.Generator().manual_seed(seed)
     q = heads(b, h, n, d, torch.float32, gen, layout)
     k, v = (heads(b, h, m, d, torch.float32, gen, layout) for _ in range(2))
-    mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding and not causal else None
+    mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding else None
+    # key padding and the causal flag together come as one mask, as backends.attend merges them
+    merged = mask & ak.causal_mask(n, m) if padding and causal else None
     grad = torch.randn(b, h, n, d, generator=gen)
     assert kernel_module._takes(q, k, v, 0.0, False)  # the kernel, not torch, answers below
+    if merged is not None:
+        assert kernel_module._mask_parts(merged, False, b, n, m)[1] is (n > 1)
     with attention_kernel(True):
-        out = attention(q, k, v, attn_mask=mask, is_causal=causal)
+        if merged is not None:
+            out = attention(q, k, v, attn_mask=merged)
+        else:
+            out = attention(q, k, v, attn_mask=mask, is_causal=causal)
     got = torch.autograd.grad(out, (q, k, v), grad)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     want_out = reference(q64, k64, v64, mask, causal)
@@ -147,6 +154,17 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
         assert len(calls) == 1
         F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
         assert len(calls) == 2
+        keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)[
+            :, None, None
+        ]
+        causal = ak.causal_mask(6)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keys & causal)  # a decoder's mask
+        assert len(calls) == 3
+        holes = torch.ones(6, 6, dtype=torch.bool)
+        holes[3, 1] = False
+        for other in (keys & causal.T, keys & causal & holes):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=other)  # not causal & keys: torch
+        assert len(calls) == 3
 
 
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)

@@ -141,6 +141,25 @@ def test_linear_cross_entropy_chunks_bf16_no_grad_and_edge_cases(monkeypatch):
         linear_cross_entropy(hidden, weight, targets[:10])
 
 
+def test_linear_cross_entropy_skips_the_products_of_ignored_rows(monkeypatch):
+    import attnkit.accel.lm_loss as lm_loss
+
+    rows = []  # rows of every logits product (hidden chunk @ weight^T)
+    monkeypatch.setattr(lm_loss, "mm_t", lambda a, b: rows.append(a.shape[0]) or a @ b.t())
+    torch.manual_seed(2)
+    hidden = torch.randn(4, 30, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    targets = torch.randint(1, 50, (4, 30))
+    targets[:, 21:] = 0  # padding, as a batch of sentences has
+    loss = linear_cross_entropy(hidden, weight, targets, ignore_index=0)
+    loss.backward()
+    # three products per chunk: logits (c rows), dL/dhidden (c rows), dL/dW (D rows)
+    assert sum(rows[0::3]) == 4 * 21
+    assert torch.equal(hidden.grad[:, 21:], torch.zeros(4, 9, 8))
+    want = F.cross_entropy((hidden @ weight.t()).flatten(0, 1), targets.flatten(), ignore_index=0)
+    torch.testing.assert_close(loss, want)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_decoder_lm_loss_equals_cross_entropy_of_its_logits(fused):
     cfg = ak.ModelConfig.preset("tiny", vocab_size=97)

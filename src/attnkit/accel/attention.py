@@ -35,6 +35,7 @@ from torch.profiler import record_function
 
 from attnkit.accel.cbuild import build
 from attnkit.accel.switch import Switch
+from attnkit.masks import causal_mask
 
 __all__ = ["attention", "attention_kernel", "fast_attention", "kernel", "register_operator"]
 
@@ -203,6 +204,28 @@ def _key_padding(mask: Tensor | None, b: int, m: int) -> Tensor | bool | None:
     return mask.reshape(-1, m).expand(b, m).to(torch.uint8).contiguous()
 
 
+def _mask_parts(mask: Tensor | None, is_causal: bool, b: int, n: int, m: int):
+    """(valid, causal) for the kernel: the key-padding mask (see :func:`_key_padding`) and the
+    causal flag; False where the kernel cannot take the mask.
+
+    A decoder's self-attention over padded targets comes as one boolean (B, 1, N, M) mask, the
+    look-ahead mask and the key padding merged (``backends.attend``). Its last row holds the key
+    padding alone (the last query sees every earlier key), so the mask is split into the two
+    and taken only if they give it back exactly. (Eager steps only: the check reads values.)"""
+    if mask is None:
+        return None, bool(is_causal)
+    if is_causal or mask.dtype != torch.bool or mask.dim() != 4:
+        return False, False  # (torch itself refuses a mask with the causal flag)
+    if mask.shape[2] == 1 or torch.compiler.is_compiling() or mask.shape[1] != 1 or n < 2:
+        return _key_padding(mask, b, m), False
+    if mask.shape[2] != n or mask.shape[-1] != m or mask.shape[0] not in (1, b):
+        return False, False
+    keys = mask[:, :, -1:, :]  # (B, 1, 1, M)
+    if not torch.equal(mask, keys & causal_mask(n, m, device=mask.device)):
+        return False, False
+    return _key_padding(keys, b, m), True
+
+
 def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
     return (
         _switch.on
@@ -231,13 +254,14 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
               enable_gqa=False):  # fmt: skip
     """``F.scaled_dot_product_attention`` with the same arguments, by the kernel where it
     applies (see the module docstring), else by torch."""
-    if _takes(q, k, v, dropout_p, enable_gqa) and not (is_causal and attn_mask is not None):
-        valid = _key_padding(attn_mask, q.shape[0], k.shape[2])
+    if _takes(q, k, v, dropout_p, enable_gqa):
+        b, _, n, _ = q.shape
+        valid, causal = _mask_parts(attn_mask, is_causal, b, n, k.shape[2])
         if valid is not False:
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
             if torch.compiler.is_compiling():  # one opaque operator in the graph
-                return _operator(q, k, v, valid, bool(is_causal), scale)[0]
-            return _Attention.apply(q, k, v, valid, is_causal, scale)
+                return _operator(q, k, v, valid, causal, scale)[0]
+            return _Attention.apply(q, k, v, valid, causal, scale)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa,

@@ -106,6 +106,22 @@ def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, 
 
 
 def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads):
+    """(loss, dL/dhidden, dL/dweight) over the rows whose target counts: an ignored row adds
+    nothing to the loss and zero to both gradients, so its products are skipped (a batch of
+    sentences padded to one length has many; its rows of dL/dhidden are zeros)."""
+    kept = targets != ignore_index  # (T,)
+    if torch.compiler.is_compiling() or bool(kept.all()):
+        return _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads)
+    rows = kept.nonzero().squeeze(1)  # (T_real,)
+    loss, grad_h, grad_w = _chunked(
+        hidden[rows], weight, targets[rows], ignore_index, smoothing, with_grads
+    )
+    if with_grads:
+        grad_h = hidden.new_zeros(hidden.shape).index_copy_(0, rows, grad_h)
+    return loss, grad_h, grad_w
+
+
+def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     """The chunked loop behind :func:`linear_cross_entropy`: (loss, dL/dhidden, dL/dweight).
 
     Per chunk only the big operations run: the logits' product, the row-wise work (the C
@@ -145,6 +161,8 @@ def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads
     loss = (loss * row_weight).sum()
     if not with_grads:
         return loss, None, None
+    if grad_w_t is None:  # no rows at all
+        return loss, torch.zeros_like(hidden), torch.zeros_like(weight)
     grad_h = torch.cat(grad_h_chunks).to(hidden.dtype)
     grad_w = grad_w_t.t().to(weight.dtype)
     return loss, grad_h, grad_w
