@@ -6,8 +6,10 @@
 ``F.scaled_dot_product_attention`` call (the fused path of ``backends.attend``, which every
 attnkit attention layer takes) whose inputs need a gradient goes to the kernel when it can
 take it: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout,
-as many key and value heads as query heads, and either no mask, the causal flag, or a boolean
-key-padding mask of shape (B, 1, 1, M). Everything else goes to torch as usual; and
+as many key and value heads as query heads, and either no mask, the causal flag, a boolean
+key-padding mask of shape (B, 1, 1, M), or (eagerly) a decoder's look-ahead and key-padding
+masks merged into one (B, 1, N, M) (see :func:`_mask_parts`). Everything else goes to torch as
+usual; and
 inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``) the kernel
 is the registered operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
 

@@ -211,7 +211,9 @@ def linear_cross_entropy(
     logits, their log-softmax, the zero-filled gradient and its log-softmax backward: four or
     five passes over tokens x V floats (64 MiB per pass for lm-small). The products run in the
     autocast dtype when autocast is on (the gradient is rounded to it, as autocast's own
-    backward rounds it); the softmax always in float32.
+    backward rounds it); the softmax always in float32. Rows whose target is ``ignore_index``
+    (a padded batch's padding) add nothing to the loss, so they skip the products too; their
+    rows of dL/dhidden are zeros.
     """
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(
