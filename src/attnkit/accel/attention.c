@@ -148,6 +148,7 @@ static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_
         if (lse) {
             top = i < s->n ? lse[i] : INFINITY;
         } else {
+#pragma omp simd reduction(max : top)
             for (int j = 0; j < len; j++) top = row[j] > top ? row[j] : top;
         }
         if (top == -INFINITY || top == INFINITY) { /* nothing to attend to */
@@ -247,7 +248,8 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
                 float sum = 0.0f;
                 if (i < n) {
                     load_row(o, b, h, i, d, oi);
-                    for (int t = 0; t < d; t++) sum = fmaf(dO[(size_t)i * z.dp + t], oi[t], sum);
+#pragma omp simd reduction(+ : sum)
+                    for (int t = 0; t < d; t++) sum += dO[(size_t)i * z.dp + t] * oi[t];
                 }
                 D[i] = sum;
             }
