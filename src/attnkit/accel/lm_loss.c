@@ -72,3 +72,10 @@ int lm_loss_rows(int dtype, void *logits, int rows, int vocab, const int64_t *ta
             grad, lse + r, z_target + r, mean ? mean + r : 0);
     return 0;
 }
+
+/* acc += x over n floats, x bfloat16: a chunk's bf16 part of dL/dW added to the float32 sum
+ * without the float32 copy of the part that torch's mixed-dtype add makes. */
+void add_bf16(float *acc, const uint16_t *x, int64_t n, int threads) {
+#pragma omp parallel for simd num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) acc[i] += bf16_load(x[i]);
+}

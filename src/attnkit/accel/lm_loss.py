@@ -52,6 +52,8 @@ def row_kernel():
             ctypes.c_void_p, ctypes.c_float, ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int,
         ]  # fmt: skip
         kernel.lm_loss_rows.restype = ctypes.c_int
+        kernel.add_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        kernel.add_bf16.restype = None
     return kernel
 
 
@@ -83,6 +85,22 @@ def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_me
     if status != 0:
         raise RuntimeError("lm_loss_rows: a target id outside the vocabulary")
     return True
+
+
+def _accumulate(total: Tensor, part: Tensor) -> Tensor:
+    """total += part (float32 total): by ``lm_loss.c`` for a bf16 part on the CPU (torch's
+    mixed-dtype add first copies the part to float32), else by torch."""
+    kernel = row_kernel() if _switch.on else None
+    if (
+        kernel is None
+        or part.dtype != torch.bfloat16
+        or total.device.type != "cpu"
+        or not (total.is_contiguous() and part.is_contiguous() and total.shape == part.shape)
+        or torch.compiler.is_compiling()
+    ):
+        return total.add_(part)
+    kernel.add_bf16(total.data_ptr(), part.data_ptr(), total.numel(), torch.get_num_threads())
+    return total
 
 
 def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, z_mean):
@@ -154,7 +172,7 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
             g = g.to(dtype)
             grad_h_chunks.append(mm_t(g, w.t()))  # (c, D)
             part = mm_t(h.t(), g.t())  # (D, V) = h^T g, summed in float32
-            grad_w_t = part.float() if grad_w_t is None else grad_w_t.add_(part)
+            grad_w_t = part.float() if grad_w_t is None else _accumulate(grad_w_t, part)
     loss = lse - z_target  # -log p(y)
     if smoothing:  # eps times the cross-entropy against the uniform distribution
         loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
@@ -177,14 +195,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss, grad_h, grad_w = _loss_and_grads(
             hidden, weight, targets, ignore_index, smoothing, with_grads=True
         )
-        ctx.save_for_backward(grad_h, grad_w)
+        ctx.grads = grad_h, grad_w  # intermediates, not inputs or outputs: no save_for_backward
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_loss, grad_w * grad_loss, None, None, None
+        grad_h, grad_w = ctx.grads
+        del ctx.grads  # handed on, not copied: autograd may keep them as the .grad tensors
+        if grad_loss.device.type != "cpu" or float(grad_loss) != 1.0:  # loss.backward(): 1
+            grad_h, grad_w = grad_h * grad_loss, grad_w * grad_loss
+        return grad_h, grad_w, None, None, None
 
 
 def linear_cross_entropy(
