@@ -16,22 +16,28 @@ PROGRAM = """
 import resource, sys, torch
 import attnkit.accel as accel
 kept = accel.keep_freed_memory()
+if "measured" in sys.argv:  # a resident-memory measurement (explain.complexity) in between
+    with accel.return_freed_memory():
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(3):
+            torch.empty(16 << 20).fill_(1.0)
+        inside = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / 3
 for i in range(6):  # 64 MiB: above glibc's largest automatic mmap threshold (32 MiB)
     if i == 2:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(16 << 20).fill_(1.0)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(kept, faults / 4)
+print(kept, faults / 4, inside if "measured" in sys.argv else "")
 """
 
 
-def faults_per_block(keep: bool) -> tuple[str, float]:
+def faults_per_block(keep: bool, *args: str) -> tuple[str, float] | tuple[str, float, float]:
     env = {"ATTNKIT_KEEP_MEMORY": "1" if keep else "0", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", PROGRAM, *args], capture_output=True, text=True, check=True,
         env={**os.environ, **env},
     ).stdout.split()  # fmt: skip
-    return out[0], float(out[1])
+    return out[0], *map(float, out[1:])
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
@@ -44,6 +50,16 @@ def test_freed_memory_is_reused_without_page_faults():
     # Kept: none, or (on this machine, now and then) a quarter of the block, which the kernel's
     # own reclaim seems to take back between allocations; never the whole block.
     assert faults_kept < faults_default / 3
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+def test_a_memory_measurement_returns_freed_memory_then_keeps_it_again():
+    pages = (64 << 20) // 4096
+    kept, faults_after, faults_inside = faults_per_block(True, "measured")
+    assert kept == "True"
+    assert faults_inside > pages / 2  # inside the block: every page faulted in again
+    _, faults_default = faults_per_block(False)
+    assert faults_after < faults_default / 3  # after it: kept again
 
 
 def test_the_training_step_keeps_freed_memory(monkeypatch):

@@ -24,7 +24,8 @@ processor: measure before relying on one).
                   (the products still in oneDNN): ``with compiled_layers(model):``
     memory.py     glibc's malloc keeps freed blocks in the process instead of handing them
                   back and faulting them in again every step: ``keep_freed_memory()`` (the
-                  trainer calls it; off: ``ATTNKIT_KEEP_MEMORY=0``)
+                  trainer calls it; off: ``ATTNKIT_KEEP_MEMORY=0``), and
+                  ``with return_freed_memory():`` around a resident-memory measurement
     cbuild.py     the C kernels (lm_loss.c, packed.c), built at first use with the machine's
                   C compiler; None without one, and each caller falls back to PyTorch
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
@@ -50,7 +51,7 @@ from attnkit.accel.compiled import compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
-from attnkit.accel.memory import keep_freed_memory
+from attnkit.accel.memory import keep_freed_memory, return_freed_memory
 from attnkit.accel.onednn import (
     linear,
     onednn_linear,
@@ -86,6 +87,7 @@ __all__ = [
     "packed_decoder",
     "packed_steps",
     "quantize",
+    "return_freed_memory",
 ]
 
 

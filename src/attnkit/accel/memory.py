@@ -11,7 +11,9 @@ step's peak memory does not change; the process simply keeps it between steps, a
 CUDA allocator does on a GPU.
 
 The trainer calls it when training starts (``ATTNKIT_KEEP_MEMORY=0`` leaves malloc as it is).
-On other C libraries it does nothing.
+On other C libraries it does nothing. ``with return_freed_memory():`` is the opposite for a
+block that measures resident memory (``explain.complexity``): small thresholds inside it, and
+the kept ones back after it if they were set.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import ctypes
 import ctypes.util
 import os
 import platform
+from contextlib import contextmanager
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["keep_freed_memory", "return_freed_memory"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB from the heap
@@ -34,11 +37,32 @@ def keep_freed_memory() -> bool:
     (now or before), False on another C library or with ``ATTNKIT_KEEP_MEMORY=0``."""
     global _done
     if _done is None:
-        _done = False
-        if os.environ.get("ATTNKIT_KEEP_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
-            libc = ctypes.CDLL(ctypes.util.find_library("c"))
-            _done = bool(
-                libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-                and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-            )
+        _done = os.environ.get("ATTNKIT_KEEP_MEMORY", "1") != "0" and _set_thresholds(
+            _MMAP_THRESHOLD, _TRIM_THRESHOLD
+        )
     return _done
+
+
+@contextmanager
+def return_freed_memory(threshold: int = 128 * 1024):
+    """Inside the block, blocks above ``threshold`` bytes get their own mappings and freed heap
+    above it goes back to the kernel, so that a resident-set peak measures the block's own
+    memory; after it, :func:`keep_freed_memory`'s thresholds again if it had set them (glibc
+    cannot report its settings, so nothing else is restored)."""
+    _set_thresholds(threshold, threshold)
+    try:
+        yield
+    finally:
+        if _done:
+            _set_thresholds(_MMAP_THRESHOLD, _TRIM_THRESHOLD)
+
+
+def _set_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc's ``mallopt`` for both thresholds; False on another C library."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    return bool(
+        libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+        and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    )

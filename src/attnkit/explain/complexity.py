@@ -15,7 +15,6 @@ for window and linear attention.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import math
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.accel.memory import return_freed_memory
 from attnkit.attention import scaled_dot_product_attention
 from attnkit.backends import linear_attention, sliding_window_attention
 
@@ -65,17 +65,6 @@ class ComplexityRow:
     forward_ms: float
     backward_ms: float  # forward + backward
     peak_mib: float | None  # extra resident memory of one forward + backward
-
-
-def _fix_malloc() -> None:
-    """Keep large blocks in their own mappings (glibc would otherwise keep freed pages
-    resident after raising its mmap threshold), so that resident-set peaks mean something."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def _status_kib(field: str) -> int | None:
@@ -127,12 +116,14 @@ def measure_complexity(
     """Time and memory of each variant at each length, until its ``budget_s`` is spent (or, for
     the math path, until its N x N scores would pass ``max_scores_gib``). ``threads`` sets
     torch's thread count for the measurement (1 gives steadier slopes on a busy machine)."""
-    _fix_malloc()
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    # large blocks in their own mappings, freed pages returned: resident-set peaks then mean
+    # something (glibc would otherwise keep freed pages resident after raising its threshold)
     try:
-        return _measure(variants, lengths, budget_s, window, repeats, max_scores_gib, progress)
+        with return_freed_memory():
+            return _measure(variants, lengths, budget_s, window, repeats, max_scores_gib, progress)
     finally:
         torch.set_num_threads(previous)
 
