@@ -201,15 +201,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss, grad_h, grad_w = _loss_and_grads(
             hidden, weight, targets, ignore_index, smoothing, with_grads=True
         )
-        ctx.grads = grad_h, grad_w  # intermediates, not inputs or outputs: no save_for_backward
+        ctx.save_for_backward(grad_h, grad_w)  # released after backward (unless retain_graph)
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.grads
-        del ctx.grads  # handed on, not copied: autograd may keep them as the .grad tensors
-        if grad_loss.device.type != "cpu" or float(grad_loss) != 1.0:  # loss.backward(): 1
+        grad_h, grad_w = ctx.saved_tensors
+        # a plain loss.backward() sends 1: hand the gradients on as they are (autograd then
+        # keeps them as the .grad tensors) rather than multiply them into new ones
+        if grad_loss.device.type != "cpu" or float(grad_loss) != 1.0:
             grad_h, grad_w = grad_h * grad_loss, grad_w * grad_loss
         return grad_h, grad_w, None, None, None
 
