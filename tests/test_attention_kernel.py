@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import attnkit as ak
 import attnkit.accel.attention as kernel_module
-from attnkit import accel
+from attnkit import accel, backends
 from attnkit.accel.attention import attention, attention_kernel, fast_attention
 
 
@@ -58,17 +58,10 @@ def test_kernel_equals_the_float64_reference(b, h, n, m, d, causal, padding, lay
     q = heads(b, h, n, d, torch.float32, gen, layout)
     k, v = (heads(b, h, m, d, torch.float32, gen, layout) for _ in range(2))
     mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding else None
-    # key padding and the causal flag together come as one mask, as backends.attend merges them
-    merged = mask & ak.causal_mask(n, m) if padding and causal else None
     grad = torch.randn(b, h, n, d, generator=gen)
     assert kernel_module._takes(q, k, v, 0.0, False)  # the kernel, not torch, answers below
-    if merged is not None:
-        assert kernel_module._mask_parts(merged, False, b, n, m)[1] is (n > 1)
     with attention_kernel(True):
-        if merged is not None:
-            out = attention(q, k, v, attn_mask=merged)
-        else:
-            out = attention(q, k, v, attn_mask=mask, is_causal=causal)
+        out = attention(q, k, v, attn_mask=mask, is_causal=causal)  # key padding and/or causal
     got = torch.autograd.grad(out, (q, k, v), grad)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     want_out = reference(q64, k64, v64, mask, causal)
@@ -154,17 +147,30 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
         assert len(calls) == 1
         F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
         assert len(calls) == 2
-        keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)[
-            :, None, None
-        ]
-        causal = ak.causal_mask(6)
-        F.scaled_dot_product_attention(q, k, v, attn_mask=keys & causal)  # a decoder's mask
+        keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+        keys = keys[:, None, None]
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keys & ak.causal_mask(6))  # torch
+        assert len(calls) == 2
+        # a decoder's self-attention: the fused path hands the padding and the causal flag over
+        # unmerged, inside the block only
+        assert backends.sdpa_with_causal_mask is attention
+        backends.attend(q, k, v, mask=keys, is_causal=True)
         assert len(calls) == 3
-        holes = torch.ones(6, 6, dtype=torch.bool)
-        holes[3, 1] = False
-        for other in (keys & causal.T, keys & causal & holes):
-            F.scaled_dot_product_attention(q, k, v, attn_mask=other)  # not causal & keys: torch
-        assert len(calls) == 3
+    assert backends.sdpa_with_causal_mask is None
+    backends.attend(q, k, v, mask=keys, is_causal=True)
+    assert len(calls) == 3
+
+
+def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
+    """torch's is_causal aligns top-left; attnkit's (and the kernel's) bottom-right. Inside the
+    mode a direct call keeps torch's meaning."""
+    q, k, v = torch.randn(1, 2, 3, 8, requires_grad=True), *torch.randn(2, 1, 2, 5, 8)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with fast_attention():
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, want)
+    bottom_right = attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(bottom_right, reference(q, k, v, None, True), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)

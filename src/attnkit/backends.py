@@ -59,6 +59,11 @@ __all__ = [
 # Full attention: the math path and the fused path side by side
 # --------------------------------------------------------------------------------------------
 
+# A kernel with F.scaled_dot_product_attention's arguments that also takes a mask together with
+# is_causal (torch's takes one or the other, so the fused path merges them into one N x M mask).
+# ``attnkit.accel.fast_attention`` sets it inside its block; None otherwise.
+sdpa_with_causal_mask = None
+
 
 def attend(q, k, v, mask=None, is_causal=False, dropout_p=0.0, return_weights=False, scale=None,
            implementation="auto"):  # fmt: skip
@@ -131,6 +136,10 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale):
     if is_causal and mask is None and n == m:  # the kernel builds the (square) causal mask
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
+        )
+    if is_causal and mask is not None and q.device.type == "cpu" and sdpa_with_causal_mask:
+        return sdpa_with_causal_mask(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
         )
     mask = _with_causal(mask, is_causal, n, m, q)
     out = F.scaled_dot_product_attention(

@@ -6,12 +6,12 @@
 ``F.scaled_dot_product_attention`` call (the fused path of ``backends.attend``, which every
 attnkit attention layer takes) whose inputs need a gradient goes to the kernel when it can
 take it: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout,
-as many key and value heads as query heads, and either no mask, the causal flag, a boolean
-key-padding mask of shape (B, 1, 1, M), or (eagerly) a decoder's look-ahead and key-padding
-masks merged into one (B, 1, N, M) (see :func:`_mask_parts`). Everything else goes to torch as
-usual; and
-inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``) the kernel
-is the registered operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
+as many key and value heads as query heads, no mask or a boolean key-padding mask of shape
+(B, 1, 1, M), with or without the causal flag. (A decoder's self-attention has both: inside the
+block, ``backends.sdpa_with_causal_mask`` is :func:`attention`, so the fused path hands them
+over unmerged.) Everything else goes to torch as usual; and inside a graph that
+``torch.compile`` builds for training (``accel.compiled_layers``) the kernel is the registered
+operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
 
 Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention runs near 40
 GFLOP/s in float32 and slower still in bf16, so attention became the largest cost of a bf16
@@ -35,9 +35,10 @@ from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 
+from attnkit import backends
 from attnkit.accel.cbuild import build
 from attnkit.accel.switch import Switch
-from attnkit.masks import causal_mask
+from attnkit.masks import causal_mask, combine
 
 __all__ = ["attention", "attention_kernel", "fast_attention", "kernel", "register_operator"]
 
@@ -206,28 +207,6 @@ def _key_padding(mask: Tensor | None, b: int, m: int) -> Tensor | bool | None:
     return mask.reshape(-1, m).expand(b, m).to(torch.uint8).contiguous()
 
 
-def _mask_parts(mask: Tensor | None, is_causal: bool, b: int, n: int, m: int):
-    """(valid, causal) for the kernel: the key-padding mask (see :func:`_key_padding`) and the
-    causal flag; False where the kernel cannot take the mask.
-
-    A decoder's self-attention over padded targets comes as one boolean (B, 1, N, M) mask, the
-    look-ahead mask and the key padding merged (``backends.attend``). Its last row holds the key
-    padding alone (the last query sees every earlier key), so the mask is split into the two
-    and taken only if they give it back exactly. (Eager steps only: the check reads values.)"""
-    if mask is None:
-        return None, bool(is_causal)
-    if is_causal or mask.dtype != torch.bool or mask.dim() != 4:
-        return False, False  # (torch itself refuses a mask with the causal flag)
-    if mask.shape[2] == 1 or torch.compiler.is_compiling() or mask.shape[1] != 1 or n < 2:
-        return _key_padding(mask, b, m), False
-    if mask.shape[2] != n or mask.shape[-1] != m or mask.shape[0] not in (1, b):
-        return False, False
-    keys = mask[:, :, -1:, :]  # (B, 1, 1, M)
-    if not torch.equal(mask, keys & causal_mask(n, m, device=mask.device)):
-        return False, False
-    return _key_padding(keys, b, m), True
-
-
 def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
     return (
         _switch.on
@@ -255,33 +234,49 @@ def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):  # fmt: skip
     """``F.scaled_dot_product_attention`` with the same arguments, by the kernel where it
-    applies (see the module docstring), else by torch."""
+    applies (see the module docstring), else by torch; unlike torch's, it also takes a mask
+    together with ``is_causal`` (both apply; the causal mask bottom-right aligned, as
+    ``masks.causal_mask``)."""
     if _takes(q, k, v, dropout_p, enable_gqa):
-        b, _, n, _ = q.shape
-        valid, causal = _mask_parts(attn_mask, is_causal, b, n, k.shape[2])
+        valid = _key_padding(attn_mask, q.shape[0], k.shape[2])
         if valid is not False:
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
             if torch.compiler.is_compiling():  # one opaque operator in the graph
-                return _operator(q, k, v, valid, causal, scale)[0]
-            return _Attention.apply(q, k, v, valid, causal, scale)
+                return _operator(q, k, v, valid, bool(is_causal), scale)[0]
+            return _Attention.apply(q, k, v, valid, bool(is_causal), scale)
+    if is_causal and attn_mask is not None:  # torch takes one or the other: merge them
+        attn_mask = combine(attn_mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+        is_causal = False
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa,
     )  # fmt: skip
 
 
+def _top_left(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+    """torch's own ``is_causal`` aligns the causal mask top-left, which only differs from
+    :func:`attention`'s bottom-right when N != M."""
+    return is_causal and q.shape[-2] != k.shape[-2]
+
+
 class _Calls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.scaled_dot_product_attention:
-            return attention(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and not _top_left(*args, **kwargs):
+            return attention(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 @contextmanager
 def fast_attention():
-    """Inside the block, ``F.scaled_dot_product_attention`` calls go through :func:`attention`."""
+    """Inside the block, ``F.scaled_dot_product_attention`` calls go through :func:`attention`,
+    and so do the fused path's calls with a mask and the causal flag together."""
     if not _switch.on:
         yield
         return
-    with _Calls():
-        yield
+    previous, backends.sdpa_with_causal_mask = backends.sdpa_with_causal_mask, attention
+    try:
+        with _Calls():
+            yield
+    finally:
+        backends.sdpa_with_causal_mask = previous
