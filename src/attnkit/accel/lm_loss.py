@@ -128,7 +128,8 @@ def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads
     nothing to the loss and zero to both gradients, so its products are skipped (a batch of
     sentences padded to one length has many; its rows of dL/dhidden are zeros)."""
     kept = targets != ignore_index  # (T,)
-    if torch.compiler.is_compiling() or bool(kept.all()):
+    # (on the CPU only: elsewhere the check would wait for the device)
+    if hidden.device.type != "cpu" or torch.compiler.is_compiling() or bool(kept.all()):
         return _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads)
     rows = kept.nonzero().squeeze(1)  # (T_real,)
     loss, grad_h, grad_w = _chunked(
