@@ -171,6 +171,10 @@ def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
     torch.testing.assert_close(got, want)
     bottom_right = attention(q, k, v, is_causal=True)
     torch.testing.assert_close(bottom_right, reference(q, k, v, None, True), rtol=1e-5, atol=1e-5)
+    keys = torch.tensor([True, False, True, True, True])[None, None, None]
+    with torch.no_grad():  # the kernel does not take it: torch, with the two masks merged
+        merged = attention(q, k, v, attn_mask=keys, is_causal=True)
+    torch.testing.assert_close(merged, reference(q, k, v, keys, True), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)

@@ -38,7 +38,6 @@ from torch.profiler import record_function
 from attnkit import backends
 from attnkit.accel.cbuild import build
 from attnkit.accel.switch import Switch
-from attnkit.masks import causal_mask, combine
 
 __all__ = ["attention", "attention_kernel", "fast_attention", "kernel", "register_operator"]
 
@@ -245,7 +244,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
                 return _operator(q, k, v, valid, bool(is_causal), scale)[0]
             return _Attention.apply(q, k, v, valid, bool(is_causal), scale)
     if is_causal and attn_mask is not None:  # torch takes one or the other: merge them
-        attn_mask = combine(attn_mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+        attn_mask = backends._with_causal(attn_mask, True, q.shape[-2], k.shape[-2], q)
         is_causal = False
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
