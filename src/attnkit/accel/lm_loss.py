@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from torch.profiler import record_function
 
 from attnkit.accel.cbuild import build
-from attnkit.accel.onednn import linear, mm_t
+from attnkit.accel.onednn import linear, mm_t, use_onednn
 from attnkit.accel.switch import Switch
 from attnkit.layers import LMHead
 
@@ -159,12 +159,13 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     z_target = torch.empty(n, 1, device=device)  # the target's logit
     z_mean = torch.empty(n, 1, device=device) if smoothing else None
     grad_h_chunks, grad_w = [], None  # dL/dhidden per chunk; dL/dW summed in float32
-    # dL/dW's products as (D, V) = h^T g, whose float32 product oneDNN runs a third faster
-    # than (V, D) = g^T h here, and transposed once at the end; in bf16 both run alike, so the
-    # sum is kept in W's own layout
-    transposed = dtype != torch.bfloat16
     step = _chunk_rows(weight.shape[0])
     with torch.autocast(device.type, enabled=False):
+        # dL/dW's layout. oneDNN runs the float32 product as (D, V) = h^T g a third faster
+        # than as (V, D) = g^T h, so that sum is transposed once at the end. torch's own GEMM
+        # (MKL) runs (V, D) a tenth faster and adds each chunk inside the product (addmm_),
+        # and bf16 runs both alike: those sums stay in W's own layout.
+        transposed = dtype == torch.float32 and use_onednn(h_all, w, None)
         for start in range(0, n, step):
             rows = slice(start, start + step)
             h = h_all[rows]
@@ -176,8 +177,14 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
                 continue
             g = g.to(dtype)
             grad_h_chunks.append(mm_t(g, w.t()))  # (c, D)
-            part = mm_t(h.t(), g.t()) if transposed else mm_t(g.t(), h.t())
-            grad_w = part.float() if grad_w is None else _accumulate(grad_w, part)
+            if transposed:  # (D, V)
+                part = mm_t(h.t(), g.t())
+                grad_w = part if grad_w is None else grad_w.add_(part)
+            elif dtype == torch.float32:  # (V, D), summed by the product itself
+                grad_w = g.t() @ h if grad_w is None else grad_w.addmm_(g.t(), h)
+            else:  # (V, D) in bf16, summed in float32
+                part = mm_t(g.t(), h.t())
+                grad_w = part.float() if grad_w is None else _accumulate(grad_w, part)
     loss = lse - z_target  # -log p(y)
     if smoothing:  # eps times the cross-entropy against the uniform distribution
         loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
