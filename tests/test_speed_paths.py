@@ -155,7 +155,7 @@ def test_linear_cross_entropy_skips_the_products_of_ignored_rows(monkeypatch):
 
     rows = []  # rows of every logits product (hidden chunk @ weight^T)
 
-    def mm_t(a, b):
+    def mm_t(a, b, out=None):
         if b.shape == (50, 8):  # the weight itself: a logits product
             rows.append(a.shape[0])
         return a @ b.t()
@@ -172,6 +172,34 @@ def test_linear_cross_entropy_skips_the_products_of_ignored_rows(monkeypatch):
     assert torch.equal(hidden.grad[:, 21:], torch.zeros(4, 9, 8))
     want = F.cross_entropy((hidden @ weight.t()).flatten(0, 1), targets.flatten(), ignore_index=0)
     torch.testing.assert_close(loss, want)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_linear_cross_entropy_forms_every_chunks_logits_in_one_tensor(monkeypatch, autocast):
+    """Where torch's product forms the logits (not oneDNN: float32 with the oneDNN path off, or
+    bf16), each chunk writes over the last one's instead of taking fresh memory."""
+    import attnkit.accel.lm_loss as lm_loss
+
+    monkeypatch.setattr(lm_loss, "_chunk_rows", lambda vocab: 16)
+    outs = []  # where each logits product wrote
+    real_mm_t = lm_loss.mm_t
+
+    def mm_t(a, b, out=None):
+        result = real_mm_t(a, b, out=out)
+        if b.shape == (50, 8):
+            outs.append(result.data_ptr())
+        return result
+
+    monkeypatch.setattr(lm_loss, "mm_t", mm_t)
+    torch.manual_seed(3)
+    hidden = torch.randn(60, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (60,))
+    with onednn_linear(False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = linear_cross_entropy(hidden, weight, targets)
+        want = F.cross_entropy((hidden @ weight.t()).float(), targets)
+    assert len(outs) == 4 and len(set(outs)) == 1  # four chunks, one tensor
+    torch.testing.assert_close(loss, want, **({"rtol": 2e-2, "atol": 2e-2} if autocast else {}))
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -166,10 +166,17 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
         # (MKL) runs (V, D) a tenth faster and adds each chunk inside the product (addmm_),
         # and bf16 runs both alike: those sums stay in W's own layout.
         transposed = dtype == torch.float32 and use_onednn(h_all, w, None)
+        # Where torch's product forms them, every chunk's logits go into one tensor: a fresh
+        # 16 MiB tensor per chunk was fresh pages from the kernel each time (glibc returns
+        # freed blocks this large), 4,096 page faults a chunk for lm-small's float32 logits.
+        buffer = None
+        if not (transposed or torch.compiler.is_compiling()):
+            buffer = hidden.new_empty(min(step, n), weight.shape[0], dtype=dtype)
         for start in range(0, n, step):
             rows = slice(start, start + step)
             h = h_all[rows]
-            logits = mm_t(h, w)  # (c, V): the only logits that ever exist
+            out = None if buffer is None else buffer[: h.shape[0]]
+            logits = mm_t(h, w, out=out)  # (c, V): the only logits that ever exist
             columns = (lse[rows], z_target[rows], None if z_mean is None else z_mean[rows])
             parts = (logits, safe[rows], row_weight[rows], smoothing, with_grads, *columns)
             g = logits if _rows_c(*parts) else _rows_torch(*parts)

@@ -140,10 +140,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return _OneDNNLinear.apply(x, weight, bias)
 
 
-def mm_t(a: Tensor, b_t: Tensor) -> Tensor:
-    """``a @ b_t.T`` for 2-D tensors, through oneDNN where :func:`linear` would use it."""
+def mm_t(a: Tensor, b_t: Tensor, out: Tensor | None = None) -> Tensor:
+    """``a @ b_t.T`` for 2-D tensors, through oneDNN where :func:`linear` would use it. torch's
+    own product writes into ``out`` when one is given; oneDNN's always returns a new tensor."""
     if not use_onednn(a, b_t, None):
-        return a @ b_t.t()
+        return a @ b_t.t() if out is None else torch.mm(a, b_t.t(), out=out)
     if torch.compiler.is_compiling():
         return _operator(a, b_t, None)
     return _mm(a, b_t)
