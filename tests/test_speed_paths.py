@@ -175,12 +175,16 @@ def test_linear_cross_entropy_skips_the_products_of_ignored_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_linear_cross_entropy_forms_every_chunks_logits_in_one_tensor(monkeypatch, autocast):
+def test_linear_cross_entropy_keeps_one_tensor_for_every_chunks_logits(monkeypatch, autocast):
     """Where torch's product forms the logits (not oneDNN: float32 with the oneDNN path off, or
-    bf16), each chunk writes over the last one's instead of taking fresh memory."""
+    bf16), every chunk of every call writes into the same memory instead of fresh pages, also
+    when the first call runs in inference mode and the next ones do not."""
+    import threading
+
     import attnkit.accel.lm_loss as lm_loss
 
     monkeypatch.setattr(lm_loss, "_chunk_rows", lambda vocab: 16)
+    monkeypatch.setattr(lm_loss, "_kept", threading.local())  # nothing kept yet
     outs = []  # where each logits product wrote
     real_mm_t = lm_loss.mm_t
 
@@ -195,11 +199,17 @@ def test_linear_cross_entropy_forms_every_chunks_logits_in_one_tensor(monkeypatc
     hidden = torch.randn(60, 8, requires_grad=True)
     weight = torch.randn(50, 8, requires_grad=True)
     targets = torch.randint(0, 50, (60,))
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if autocast else {}
     with onednn_linear(False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = linear_cross_entropy(hidden, weight, targets)
         want = F.cross_entropy((hidden @ weight.t()).float(), targets)
-    assert len(outs) == 4 and len(set(outs)) == 1  # four chunks, one tensor
-    torch.testing.assert_close(loss, want, **({"rtol": 2e-2, "atol": 2e-2} if autocast else {}))
+        with torch.inference_mode():
+            torch.testing.assert_close(
+                linear_cross_entropy(hidden, weight, targets), want.detach(), **tolerance
+            )
+        loss = linear_cross_entropy(hidden, weight, targets)
+    loss.backward()
+    torch.testing.assert_close(loss, want, **tolerance)
+    assert len(outs) == 8 and len(set(outs)) == 1  # two calls of four chunks, one tensor
 
 
 @pytest.mark.parametrize("fused", [False, True])

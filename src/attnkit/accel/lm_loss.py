@@ -16,6 +16,7 @@ two casts of the chunk. Without a C compiler (or with ``loss_kernels(False)``,
 from __future__ import annotations
 
 import ctypes
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -123,6 +124,25 @@ def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, 
     return g
 
 
+_kept = threading.local()  # per thread: (dtype, device) -> the scratch tensor for logits
+
+
+def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised (rows, V) tensor for one chunk's logits. On the CPU the same memory
+    serves every call of this thread (one tensor per dtype, about 16 MiB: the chunk's size),
+    so that the logits never land on fresh pages; elsewhere a new tensor (the device's own
+    allocator keeps freed blocks)."""
+    numel = shape[0] * shape[1]
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    kept = _kept.__dict__.setdefault("tensors", {})
+    tensor = kept.get((dtype, device))
+    if tensor is None or tensor.numel() < numel:
+        with torch.inference_mode(False):  # a normal tensor, writable in and out of the mode
+            tensor = kept[dtype, device] = torch.empty(numel, dtype=dtype, device=device)
+    return tensor[:numel].view(shape)
+
+
 def _loss_and_grads(hidden, weight, targets, ignore_index, smoothing, with_grads):
     """(loss, dL/dhidden, dL/dweight) over the rows whose target counts: an ignored row adds
     nothing to the loss and zero to both gradients, so its products are skipped (a batch of
@@ -166,12 +186,13 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
         # (MKL) runs (V, D) a tenth faster and adds each chunk inside the product (addmm_),
         # and bf16 runs both alike: those sums stay in W's own layout.
         transposed = dtype == torch.float32 and use_onednn(h_all, w, None)
-        # Where torch's product forms them, every chunk's logits go into one tensor: a fresh
-        # 16 MiB tensor per chunk was fresh pages from the kernel each time (glibc returns
-        # freed blocks this large), 4,096 page faults a chunk for lm-small's float32 logits.
+        # Where torch's product forms them, every chunk's logits go into one scratch tensor,
+        # kept between calls on the CPU: a fresh 16 MiB tensor was fresh pages from the kernel
+        # (glibc returns freed blocks this large), 4,096 page faults for lm-small's float32
+        # logits, each chunk of each step
         buffer = None
         if not (transposed or torch.compiler.is_compiling()):
-            buffer = hidden.new_empty(min(step, n), weight.shape[0], dtype=dtype)
+            buffer = _scratch((min(step, n), weight.shape[0]), dtype, device)
         for start in range(0, n, step):
             rows = slice(start, start + step)
             h = h_all[rows]
