@@ -11,6 +11,10 @@ logits) is one call of a small C kernel, ``lm_loss.c``, built at first use
 logits' own dtype, where torch's operators take six to eight passes and, under bf16 autocast,
 two casts of the chunk. Without a C compiler (or with ``loss_kernels(False)``,
 ``ATTNKIT_LOSS_KERNEL=0``) torch's operators do the same work.
+
+Where torch's own product forms the logits (float32 without oneDNN, bf16), each chunk's logits
+are written into one scratch tensor that the calling thread keeps for its next call (one per
+dtype, about 16 MiB on the CPU): fresh memory of that size costs thousands of page faults.
 """
 
 from __future__ import annotations
