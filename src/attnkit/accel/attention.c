@@ -156,9 +156,11 @@ static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp,
 
 /* Turn ROWS rows of scores (row stride mp) into probabilities p = exp(s - lse): for the forward
  * (lse == NULL) the row's lse is computed, stored in out_lse, and p normalised. Keys past what
- * a row may see, and invalid keys, get p = 0; so does every key of a row with none. */
-static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_t *valid,
-                          const float *lse, float *out_lse) {
+ * a row may see, and invalid keys, get p = 0; so does every key of a row with none. Only the
+ * block's first `width` keys are written (block_cols: all that the products read; with a
+ * causal mask no later product reads a row's keys past its block's width either). */
+static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
+                          const uint8_t *valid, const float *lse, float *out_lse) {
     for (int r = 0; r < ROWS; r++) {
         float *row = S + (size_t)r * mp;
         int i = i0 + r, len = i < s->n ? visible(i, s->n, s->m, s->causal) : 0;
@@ -173,7 +175,7 @@ static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_
             for (int j = 0; j < len; j++) top = row[j] > top ? row[j] : top;
         }
         if (top == -INFINITY || top == INFINITY) { /* nothing to attend to */
-            memset(row, 0, sizeof(float) * mp);
+            memset(row, 0, sizeof(float) * width);
             if (out_lse && i < s->n) out_lse[i] = INFINITY;
             continue;
         }
@@ -184,7 +186,7 @@ static void probabilities(float *S, int mp, int i0, const Shape *s, const uint8_
             row[j] = e;
             sum += e;
         }
-        memset(row + len, 0, sizeof(float) * (size_t)(mp - len));
+        memset(row + len, 0, sizeof(float) * (size_t)(width - len));
         if (out_lse) {
             float inv = 1.0f / sum;
 #pragma omp simd
@@ -226,7 +228,7 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
             for (int i0 = 0; i0 < s->n; i0 += ROWS) {
                 int cols = block_cols(i0, s);
                 rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, S, z.mp);
-                probabilities(S, z.mp, i0, s, valid, 0, lse + (size_t)bh * s->n);
+                probabilities(S, z.mp, cols, i0, s, valid, 0, lse + (size_t)bh * s->n);
                 rows_times_x(S, z.mp, 1, V, z.dp, 0, cols, z.dp, O, z.dp);
                 for (int r = 0; r < ROWS && i0 + r < s->n; r++)
                     store_row(o, b, h, i0 + r, s->d, O + (size_t)r * z.dp);
@@ -280,12 +282,12 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
                 float *Pi = P + (size_t)i0 * z.mp, *dSi = dS + (size_t)i0 * z.mp;
                 int cols = i0 < n ? block_cols(i0, s) : 0;
                 rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, Pi, z.mp);
-                probabilities(Pi, z.mp, i0, s, valid, head_lse, 0);
+                probabilities(Pi, z.mp, cols, i0, s, valid, head_lse, 0);
                 rows_times_bt(dO + (size_t)i0 * z.dp, z.dp, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
                 for (int r = 0; r < ROWS; r++) { /* ds = p (dp - D) scale; 0 wherever p is */
                     float Di = D[i0 + r], *pr = Pi + (size_t)r * z.mp, *dsr = dSi + (size_t)r * z.mp;
 #pragma omp simd
-                    for (int j = 0; j < z.mp; j++) dsr[j] = j < cols ? pr[j] * (dsr[j] - Di) * s->scale : 0.0f;
+                    for (int j = 0; j < cols; j++) dsr[j] = pr[j] * (dsr[j] - Di) * s->scale;
                 }
                 /* dq_i = sum_j ds_ij k_j */
                 rows_times_x(dSi, z.mp, 1, K, z.dp, 0, cols, z.dp, dQ + (size_t)i0 * z.dp, z.dp);
