@@ -8,13 +8,14 @@
  *   dv_j = sum_i p_ij do_i,   dq_i = sum_j ds_ij k_j,   dk_j = sum_i ds_ij q_i
  *
  * A head's q, k, v (and do, o) are first copied into float32 scratch, zero-padded (rows to
- * ROWS, keys to 32, d to 32; k and v also transposed), so that every product is one of two small
- * register-blocked loops (ROWS = 8 rows, or 4 without AVX-512, x 32 columns) over contiguous
- * memory. The forward keeps ROWS rows of scores at a time; the backward a head's p and ds
- * (n x m each, in the cache for the sequence lengths this is used for). Tensors may be float32 or bfloat16 (the arithmetic is
- * float32) with any strides over (batch, head, position) and a contiguous last axis. A query
- * with no allowed key gets o_i = 0 and lse_i = +inf (its p and gradients are 0). Causal masks
- * skip the blocks above the diagonal. Built at first use by cbuild.py.
+ * ROWS, keys to 32, d to 32; k and v also transposed), so that every product is one of two
+ * small register-blocked loops (ROWS = 8 rows, or 4 without AVX-512, x 32 columns) over
+ * contiguous memory. The forward keeps ROWS rows of scores at a time; the backward a head's p
+ * and ds (n x m each, in the cache for the sequence lengths this is used for). Tensors may be
+ * float32 or bfloat16 (the arithmetic is float32) with any strides over (batch, head,
+ * position) and a contiguous last axis. A query with no allowed key gets o_i = 0 and
+ * lse_i = +inf (its p and gradients are 0). Causal masks skip the blocks above the diagonal.
+ * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
 
@@ -216,7 +217,8 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
 #pragma omp atomic write
             failed = 1;
         }
-        float *Kt = Q + nd, *V = Kt + md, *S = V + md, *O = S + ROWS * (size_t)z.mp, *row = O + ROWS * z.dp;
+        float *Kt = Q + nd, *V = Kt + md, *S = V + md, *O = S + ROWS * (size_t)z.mp;
+        float *row = O + ROWS * z.dp;
 #pragma omp for schedule(dynamic)
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;
