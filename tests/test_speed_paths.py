@@ -79,7 +79,7 @@ def test_onednn_products_route_nn_linear_and_weight_slices_from_outside():
     layer = torch.nn.Linear(16, 12)
     x = torch.randn(10, 16)
     assert "OneDNN" not in type(layer(x).grad_fn).__name__  # the model alone: torch's GEMM
-    with onednn_products():
+    with onednn_linear(True), onednn_products():  # on whatever ATTNKIT_ONEDNN_LINEAR says
         out = layer(x)
         piece = F.linear(x, layer.weight[:5])  # a slice of a weight (cross-attention's W^Q)
     assert "OneDNN" in type(out.grad_fn).__name__
