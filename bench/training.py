@@ -15,7 +15,8 @@ Two fixed configurations (bench/README.md lists every size):
 A training step is forward, cross-entropy over the vocabulary, backward, and an AdamW step; every
 implementation gets the same loss code and the same optimizer settings (``--adamw``, default
 fused), so the ratios compare the models, not the optimizers. All candidates run in one process,
-interleaved step by step (round r times one step of each), so a load change on this shared
+interleaved step by step (round r times one step of each; lm-small's float32 and bf16
+candidates share their rounds, mt-small's have their own), so a load change on this shared
 machine hits them alike; warm-up steps are excluded and each figure is the median over rounds.
 
 Model FLOPs utilisation (MFU) of lm-small::
