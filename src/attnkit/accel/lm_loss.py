@@ -128,7 +128,7 @@ def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, 
     return g
 
 
-_kept = threading.local()  # per thread: (dtype, device) -> the scratch tensor for logits
+_kept = threading.local()  # per thread: dtype -> the CPU scratch tensor for logits
 
 
 def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -140,10 +140,10 @@ def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
     kept = _kept.__dict__.setdefault("tensors", {})
-    tensor = kept.get((dtype, device))
+    tensor = kept.get(dtype)
     if tensor is None or tensor.numel() < numel:
         with torch.inference_mode(False):  # a normal tensor, writable in and out of the mode
-            tensor = kept[dtype, device] = torch.empty(numel, dtype=dtype, device=device)
+            tensor = kept[dtype] = torch.empty(numel, dtype=dtype, device=device)
     return tensor[:numel].view(shape)
 
 
@@ -185,17 +185,18 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     grad_h_chunks, grad_w = [], None  # dL/dhidden per chunk; dL/dW summed in float32
     step = _chunk_rows(weight.shape[0])
     with torch.autocast(device.type, enabled=False):
-        # dL/dW's layout. oneDNN runs the float32 product as (D, V) = h^T g a third faster
-        # than as (V, D) = g^T h, so that sum is transposed once at the end. torch's own GEMM
-        # (MKL) runs (V, D) a tenth faster and adds each chunk inside the product (addmm_),
-        # and bf16 runs both alike: those sums stay in W's own layout.
-        transposed = dtype == torch.float32 and use_onednn(h_all, w, None)
+        # Whether oneDNN forms the products (float32 only). dL/dW's layout: oneDNN runs the
+        # product as (D, V) = h^T g a third faster than as (V, D) = g^T h, so that sum is
+        # transposed once at the end; torch's own GEMM (MKL) runs (V, D) a tenth faster and
+        # adds each chunk inside the product (addmm_), and bf16 runs both alike: those sums
+        # stay in W's own layout.
+        onednn = use_onednn(h_all, w, None)
         # Where torch's product forms them, every chunk's logits go into one scratch tensor,
         # kept between calls on the CPU: a fresh 16 MiB tensor was fresh pages from the kernel
         # (glibc returns freed blocks this large), 4,096 page faults for lm-small's float32
         # logits, each chunk of each step
         buffer = None
-        if not (transposed or torch.compiler.is_compiling()):
+        if not (onednn or torch.compiler.is_compiling()):
             buffer = _scratch((min(step, n), weight.shape[0]), dtype, device)
         for start in range(0, n, step):
             rows = slice(start, start + step)
@@ -209,7 +210,7 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
                 continue
             g = g.to(dtype)
             grad_h_chunks.append(mm_t(g, w.t()))  # (c, D)
-            if transposed:  # (D, V)
+            if onednn:  # (D, V)
                 part = mm_t(h.t(), g.t())
                 grad_w = part if grad_w is None else grad_w.add_(part)
             elif dtype == torch.float32:  # (V, D), summed by the product itself
@@ -228,7 +229,7 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     grad_h = torch.cat(grad_h_chunks).to(hidden.dtype)
     # in W's own layout (contiguous), a tied embedding's gradient adds to it in place and
     # autograd keeps it as .grad; a transposed view cost an add and a copy more
-    grad_w = (grad_w.t().contiguous() if transposed else grad_w).to(weight.dtype)
+    grad_w = (grad_w.t().contiguous() if onednn else grad_w).to(weight.dtype)
     return loss, grad_h, grad_w
 
 
