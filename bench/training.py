@@ -81,11 +81,12 @@ TARGETS = {  # issue 24 (and issue 10's x-transformers and MFU rows): the ratios
     "lm-small MFU fp32 attnkit vs torch.mm 4096 float32": 0.45,
 }
 # attnkit's variants, as (compiled layers, oneDNN products): the trainer's step (eager layers,
-# oneDNN products), its layers compiled (train.compile), and both without the oneDNN products
-# (ATTNKIT_ONEDNN_LINEAR=0), which leaves float32 products to torch's own GEMM (MKL on x86)
+# oneDNN products where accel.onednn_choice() measured them faster: None), its layers compiled
+# (train.compile), and both without the oneDNN products (ATTNKIT_ONEDNN_LINEAR=0), which leaves
+# float32 products to torch's own GEMM (MKL on x86)
 VARIANTS = {
-    "attnkit": (False, True),
-    "attnkit compiled": (True, True),
+    "attnkit": (False, None),
+    "attnkit compiled": (True, None),
     "attnkit no oneDNN": (False, False),
     "attnkit compiled, no oneDNN": (True, False),
 }
@@ -149,11 +150,17 @@ def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
     return out
 
 
-def products_candidate(precision: str, onednn: bool = True) -> Candidate:
+def onednn_switch(onednn: bool | None):
+    """``accel.onednn_linear(onednn)``; None leaves the default (``accel.onednn_choice()``)."""
+    return contextlib.nullcontext() if onednn is None else accel.onednn_linear(onednn)
+
+
+def products_candidate(precision: str, onednn: bool | None = None) -> Candidate:
     """The matrix products of one lm-small training step, alone, at the step's own shapes
     (8 x 256 = 2,048 rows): each linear layer's forward and both gradients (q/k/v, output,
     FFN up and down, in every layer) and the LM head's three, as attnkit's step runs them
-    (float32 through oneDNN, or with ``onednn=False`` through torch's own GEMM as the
+    (float32 through oneDNN where it is the default, or with ``onednn=False`` through torch's
+    own GEMM as the
     references run them; bf16 under autocast). Its work is FLOPs."""
     cfg = ak.ModelConfig.preset("lm-small")
     d, f, rows = cfg.d_model, cfg.d_ff, LM_BATCH * LM_LEN
@@ -166,12 +173,12 @@ def products_candidate(precision: str, onednn: bool = True) -> Candidate:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def run() -> None:
-        with autocast, accel.onednn_linear(onednn), accel.onednn_products():
+        with autocast, onednn_switch(onednn), accel.onednn_products():
             for x, w, gy in zip(xs, ws, gys, strict=True):
                 F.linear(x, w).backward(gy)
 
     flops = 6.0 * rows * sum(i * o for i, o in shapes)
-    suffix = "" if onednn else " no oneDNN"
+    suffix = {None: "", False: " no oneDNN", True: " oneDNN"}[onednn]
     return Candidate(f"lm-small products {precision}{suffix}", run, flops)
 
 
@@ -285,7 +292,7 @@ def with_levers(
 
     def run() -> Tensor:
         with (
-            accel.onednn_linear(onednn),
+            onednn_switch(onednn),
             accel.onednn_products(),
             accel.fast_attention(),
             accel.compiled_layers(model, compiled),
@@ -593,6 +600,15 @@ def cpu_description() -> str:
 
 def print_report(results: dict) -> None:
     print(f"\nCPU: {results.get('cpu', 'not recorded')}")
+    if choice := results.get("onednn"):
+        times = (
+            f" (one layer's products: MKL {choice['mkl'] * 1e3:.1f} ms, "
+            f"oneDNN {choice['onednn'] * 1e3:.1f} ms)"
+            if choice.get("mkl")
+            else ""
+        )
+        path = "oneDNN" if choice["on"] else "torch's GEMM"
+        print(f"float32 products by default: {path}, {choice['by']}{times}")
     memory = "freed memory kept" if results.get("keep_memory") else "glibc's default malloc"
     print(
         f"training throughput, {results['threads']} threads, median of {results['repeats']} "
@@ -657,6 +673,7 @@ def main() -> None:
         raise SystemExit("--keep-memory: glibc's malloc is not in use here")
     results = run(args.suite.split(","), args.repeats, args.warmup, args.adamw)
     results["cpu"] = cpu_description()
+    results["onednn"] = accel.onednn_choice()
     results["keep_memory"] = args.keep_memory
     print_report(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,97 @@ def test_onednn_products_route_nn_linear_and_weight_slices_from_outside():
     assert set(layer.state_dict()) == {"weight", "bias"}  # nothing about the module changed
 
 
+@needs_onednn
+@pytest.mark.parametrize("faster", [False, True])
+def test_the_default_takes_onednn_where_it_measured_faster(faster, monkeypatch):
+    """Neither forced on nor off, the first product looks up (or measures) once which GEMM
+    wins and keeps that choice; onednn_linear(...) still forces either inside a block."""
+    import attnkit.accel.onednn as onednn
+
+    calls = []
+    monkeypatch.setattr(onednn._switch, "on", None)
+    monkeypatch.setattr(onednn, "_choice", None)
+    monkeypatch.setattr(onednn, "_remembered", lambda: calls.append(1) or {"faster": faster})
+    x, w = torch.randn(10, 16), torch.randn(12, 16, requires_grad=True)
+    for _ in range(3):
+        assert ("OneDNN" in type(linear(x, w).grad_fn).__name__) == faster
+    with onednn_products():
+        assert ("OneDNN" in type(torch.nn.functional.linear(x, w).grad_fn).__name__) == faster
+    assert calls == [1]
+    assert onednn.onednn_choice() == {"on": faster, "by": "measured", "faster": faster}
+    with onednn_linear(not faster):
+        assert ("OneDNN" in type(linear(x, w).grad_fn).__name__) == (not faster)
+        assert onednn.onednn_choice()["by"] == f"ATTNKIT_ONEDNN_LINEAR={int(not faster)}"
+    assert onednn._switch.on is None  # the block restores the measured default
+
+
+def test_the_measured_choice_is_kept_per_processor_torch_and_thread_count(tmp_path, monkeypatch):
+    """A second process (a resumed run, another rank) reads the first one's choice instead of
+    measuring again, so the two run the same arithmetic."""
+    import json
+
+    import attnkit.accel.onednn as onednn
+
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    results = iter([{"faster": True, "mkl": 2.0, "onednn": 1.0}, {"faster": False}])
+    monkeypatch.setattr(onednn, "measure", lambda: next(results))
+    first = onednn._remembered()
+    assert first["faster"] is True and onednn._remembered() == first  # read back, not measured
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(before + 1)
+        assert onednn._remembered()["faster"] is False  # another thread count: measured anew
+    finally:
+        torch.set_num_threads(before)
+    kept = json.loads((tmp_path / "kernels" / "onednn.json").read_text())
+    assert len(kept) == 2 and all(f"torch {torch.__version__}" in key for key in kept)
+
+
+@needs_onednn
+@pytest.mark.parametrize("where", ["inference_mode", "autocast", "no_grad"])
+def test_measure_times_both_gemms_from_inside_any_mode(where):
+    import attnkit.accel.onednn as onednn
+
+    mode = {
+        "inference_mode": torch.inference_mode(),
+        "autocast": torch.autocast("cpu", dtype=torch.bfloat16),
+        "no_grad": torch.no_grad(),
+    }[where]
+    with mode:
+        got = onednn.measure(rows=16, width=8, hidden=24, rounds=2)
+    assert 0 < got["mkl"] < 1 and 0 < got["onednn"] < 1
+    assert got["faster"] == (got["onednn"] < onednn._MARGIN * got["mkl"])
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True), ("auto", None), (None, None)])
+def test_the_environment_forces_onednn_off_or_on_or_leaves_it_measured(value, on):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ATTNKIT_ONEDNN_LINEAR"}
+    if value is not None:
+        env["ATTNKIT_ONEDNN_LINEAR"] = value
+    code = "import attnkit.accel.onednn as o; print(o._switch.on)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(on), out.stderr
+
+
+@needs_onednn
+def test_onednn_gradients_of_a_broadcast_upstream_gradient():
+    """The gradient of a sum arrives with strides 0; it is made dense before oneDNN reads it
+    (oneDNN's reference kernel took seconds on it)."""
+    x = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(24, 16, requires_grad=True)
+    F.linear(x, w).sum().backward()
+    want = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    with onednn_linear(True):
+        linear(x, w).sum().backward()
+    torch.testing.assert_close(x.grad, want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, want[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("ignore", [False, True])
 @pytest.mark.parametrize("onednn", [False, True])

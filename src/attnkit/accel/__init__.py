@@ -7,7 +7,8 @@ processor: measure before relying on one).
 
     onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
                   gradients), a torch function mode around a step: ``with onednn_products():``
-                  (off: ``onednn_linear(False)`` or ``ATTNKIT_ONEDNN_LINEAR=0``)
+                  (on where it measured faster than MKL here, ``onednn_choice()``; forced:
+                  ``onednn_linear(False)``, ``ATTNKIT_ONEDNN_LINEAR=0`` or ``=1``)
     attention.py  attention's forward and backward for training steps by a C kernel
                   (attention.c), a torch function mode around a step: ``with
                   fast_attention():`` (off: ``attention_kernel(False)`` or
@@ -54,6 +55,7 @@ from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entrop
 from attnkit.accel.memory import keep_freed_memory, return_freed_memory
 from attnkit.accel.onednn import (
     linear,
+    onednn_choice,
     onednn_linear,
     onednn_linear_available,
     onednn_products,
@@ -81,6 +83,7 @@ __all__ = [
     "linear",
     "linear_cross_entropy",
     "loss_kernels",
+    "onednn_choice",
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",

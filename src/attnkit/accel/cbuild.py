@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["build", "cache_dir"]
+__all__ = ["build", "cache_dir", "processor"]
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
@@ -29,7 +29,8 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _processor() -> str:
+def processor() -> str:
+    """The processor's model name and instruction-set flags (a cache key)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             lines = [line for line in f if line.startswith(("model name", "flags"))][:2]
@@ -45,7 +46,7 @@ def build(source: Path) -> ctypes.CDLL | None:
         return None
     # the source and the headers beside it (fastmath.h), so that editing either rebuilds
     text = b"".join(p.read_bytes() for p in [source, *sorted(source.parent.glob("*.h"))])
-    key = hashlib.sha256(text + " ".join(FLAGS).encode() + _processor().encode()).hexdigest()
+    key = hashlib.sha256(text + " ".join(FLAGS).encode() + processor().encode()).hexdigest()
     library = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,14 @@ How much this gains depends on the processor (bench/README.md): measure it befor
 operands are float32 CPU tensors with at least a few rows runs through oneDNN, forward, dL/dx and
 dL/dW alike; everything else (other dtypes, autocast, other devices, single rows) runs as usual.
 Strict float32 throughout. The oneDNN path differentiates once (no second derivatives).
-``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere.
+``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere, and
+``ATTNKIT_ONEDNN_LINEAR=1`` turns it on. By default the first use measures which GEMM is faster
+on this processor at the current thread count (:func:`measure`, well under a second) and takes
+oneDNN only where it wins: it does on AMD's Zen 4 and Zen 5, and it loses to MKL on some Intel
+processors. The choice is kept in ``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE``
+moves it), one per processor, torch version and thread count, so that every later process (a
+resumed run, the other ranks of a distributed one) makes the same choice and the same
+arithmetic; :func:`onednn_choice` says what it is and why.
 
 Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
 products are the registered operator ``attnkit::onednn_mm`` with its gradients
@@ -19,6 +26,10 @@ sees ordinary linears instead.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -28,11 +39,19 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
+from attnkit.accel.cbuild import cache_dir, processor
 from attnkit.accel.switch import Switch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: processes measuring at once may each write their own
+    fcntl = None
 
 __all__ = [
     "linear",
+    "measure",
     "mm_t",
+    "onednn_choice",
     "onednn_linear",
     "onednn_linear_available",
     "onednn_products",
@@ -44,6 +63,11 @@ __all__ = [
 # its matrix-vector kernel beats oneDNN's per-call set-up.
 _MIN_ROWS = 8
 _switch = Switch("ATTNKIT_ONEDNN_LINEAR")
+if os.environ.get(_switch.env, "auto") not in ("0", "1"):
+    _switch.on = None  # neither forced on nor off: measured at first use (_enabled)
+# oneDNN must beat MKL by this much to be chosen: torch's own GEMM is the default.
+_MARGIN = 0.97
+_choice: dict | None = None  # the measured default, once known
 
 
 # Known at import, so that a graph being compiled reads a constant (Dynamo does not trace
@@ -58,8 +82,86 @@ def onednn_linear_available() -> bool:
 
 def onednn_linear(enabled: bool):
     """Turn the oneDNN path on or off inside a ``with`` block (benchmarks and tests compare
-    both). The default is on; ``ATTNKIT_ONEDNN_LINEAR=0`` turns it off."""
+    both). Outside one it is on where :func:`measure` found oneDNN faster, unless
+    ``ATTNKIT_ONEDNN_LINEAR`` is 0 (off) or 1 (on)."""
     return _switch(enabled)
+
+
+def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int = 5) -> dict:
+    """Time one layer's products, forward and both gradients, up (``width`` -> ``hidden``)
+    and down, by torch's GEMM (MKL) and by oneDNN, in alternating rounds at the current thread
+    count. Returns the fastest round of each in seconds and ``"onednn"``: whether oneDNN
+    beat MKL by at least 3%, the choice the default makes."""
+    if not onednn_linear_available():
+        return {"mkl": None, "onednn": None, "faster": False}
+    paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: _OneDNNLinear.apply(x, w, None)}
+    best = dict.fromkeys(paths, float("inf"))
+    # Gradients on whatever the caller has on (inference mode, no_grad, bf16 autocast).
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        gen = torch.Generator().manual_seed(0)
+        layers = [
+            (torch.randn(rows, n_in, generator=gen, requires_grad=True),
+             (torch.randn(n_out, n_in, generator=gen) * 0.05).requires_grad_(),
+             torch.randn(rows, n_out, generator=gen))
+            for n_in, n_out in ((width, hidden), (hidden, width))
+        ]  # fmt: skip
+        for round_ in range(rounds + 1):  # round 0 warms both up
+            for name, product in paths.items():
+                start = time.perf_counter()
+                for x, w, grad in layers:
+                    product(x, w).backward(grad)
+                if round_ > 0:
+                    best[name] = min(best[name], time.perf_counter() - start)
+    return {**best, "faster": best["onednn"] < _MARGIN * best["mkl"]}
+
+
+def onednn_choice() -> dict:
+    """Whether oneDNN takes float32 products outside ``onednn_linear`` blocks (``"on"``) and
+    why (``"by"``: the environment variable, or the measurement with its times in seconds,
+    ``"mkl"`` and ``"onednn"``, and where it is kept). Measures first if nothing has yet."""
+    if _switch.on is not None:
+        return {"on": _switch.on, "by": f"{_switch.env}={int(_switch.on)}"}
+    global _choice
+    if _choice is None:
+        _choice = _remembered()
+    return {"on": _choice["faster"], "by": "measured", **_choice}
+
+
+def _remembered() -> dict:
+    """This machine's measurement from the cache file, or a new one written there (under a
+    lock, so that processes starting together measure once and agree)."""
+    path = cache_dir() / "onednn.json"
+    cpu = processor()
+    name = cpu.splitlines()[0].partition(":")[2].strip() if ":" in cpu else cpu
+    flags = hashlib.sha256(cpu.encode()).hexdigest()[:8]
+    key = f"{name} ({flags}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                known = json.loads(path.read_text())
+            except (OSError, ValueError):
+                known = {}
+            if key not in known:
+                known[key] = measure()
+                scratch = path.with_suffix(f".{os.getpid()}.tmp")
+                scratch.write_text(json.dumps(known, indent=1))
+                scratch.replace(path)  # atomic: a reader never sees half a file
+            return {**known[key], "file": str(path)}
+    except OSError:  # a read-only home: measure for this process alone
+        return measure()
+
+
+def _enabled() -> bool:
+    """Whether the path is on: forced by the switch, else as measured (never while a graph is
+    being traced: there it stays off until an eager call has decided)."""
+    if _switch.on is not None:
+        return _switch.on
+    if _choice is None and torch.compiler.is_compiling():
+        return False
+    return onednn_choice()["on"]
 
 
 def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -90,7 +192,9 @@ class _OneDNNLinear(torch.autograd.Function):
 def _gradients(ctx, x2: Tensor, weight: Tensor, grad: Tensor, mm: Callable):
     """(dL/dx2, dL/dW, dL/db) of ``x2 W^T + b``, each None unless needed, the products by
     ``mm(a, b_t, bias)`` (:func:`_mm` or its registered operator)."""
-    g2 = grad.reshape(-1, grad.shape[-1])  # (T, out)
+    # (T, out), dense: a broadcast gradient (that of a sum, strides 0) sends oneDNN to a
+    # reference kernel a thousand times slower.
+    g2 = grad.reshape(-1, grad.shape[-1]).contiguous()
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         grad_x = mm(g2, weight.t(), None)  # dL/dx = g W
@@ -109,8 +213,7 @@ def _gradients(ctx, x2: Tensor, weight: Tensor, grad: Tensor, mm: Callable):
 def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether oneDNN takes this product (see the module docstring)."""
     return (
-        _switch.on
-        and x.dtype == weight.dtype == torch.float32
+        x.dtype == weight.dtype == torch.float32
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
         and (bias is None or bias.dtype == torch.float32)
@@ -127,6 +230,7 @@ def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
             not torch.compiler.is_compiling() or (_operator is not None and torch.is_grad_enabled())
         )
         and onednn_linear_available()
+        and _enabled()
     )
 
 
@@ -197,7 +301,7 @@ class _Products(TorchFunctionMode):
 @contextmanager
 def onednn_products():
     """Inside the block, float32 ``F.linear`` calls on the CPU go through oneDNN (see above)."""
-    if not (_switch.on and onednn_linear_available()):
+    if not (onednn_linear_available() and _enabled()):
         yield
         return
     with _Products():
