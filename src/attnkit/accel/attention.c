@@ -18,8 +18,17 @@
  * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "fastmath.h"
+
+/* gcc tunes some processors with AVX-512 (Rocket Lake, Ice Lake, Sapphire Rapids) to
+ * auto-vectorise 256 bits wide; the exp and scaling loops below run faster 512 bits wide. */
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
 
 typedef struct {
     int dtype;          /* 0 float32, 1 bfloat16 */
@@ -37,10 +46,20 @@ static inline void load_row(const View *v, int b, int h, int n, int d, float *ou
     }
 }
 
+/* With AVX-512, float32 rows go out by non-temporal stores, which skip reading each output line
+ * into the cache first (a Sapphire Rapids-class Xeon spent a sixth of the backward there); the
+ * fence at the end of each thread's work makes them visible before the kernel returns. */
 static inline void store_row(const View *v, int b, int h, int n, int d, const float *in) {
     int64_t at = b * v->sb + h * v->sh + n * v->sn;
     if (v->dtype == 0) {
-        memcpy((float *)v->data + at, in, sizeof(float) * d);
+        float *dst = (float *)v->data + at;
+#ifdef __AVX512F__
+        if (d % 16 == 0 && ((uintptr_t)dst & 63) == 0) {
+            for (int t = 0; t < d; t += 16) _mm512_stream_ps(dst + t, _mm512_loadu_ps(in + t));
+            return;
+        }
+#endif
+        memcpy(dst, in, sizeof(float) * d);
     } else {
         uint16_t *dst = (uint16_t *)v->data + at;
         for (int t = 0; t < d; t++) dst[t] = bf16_store(in[t]);
@@ -237,6 +256,9 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
             }
         }
         free(Q);
+#ifdef __AVX512F__
+        _mm_sfence();
+#endif
     }
     return failed ? -2 : 0;
 }
@@ -309,6 +331,9 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
             }
         }
         free(Q);
+#ifdef __AVX512F__
+        _mm_sfence();
+#endif
     }
     return failed ? -2 : 0;
 }
