@@ -62,6 +62,16 @@ static inline void store_row(const View *v, int b, int h, int n, int d, const fl
         memcpy(dst, in, sizeof(float) * d);
     } else {
         uint16_t *dst = (uint16_t *)v->data + at;
+#ifdef __AVX512F__
+        if (d % 32 == 0 && ((uintptr_t)dst & 63) == 0) {
+            for (int t = 0; t < d; t += 32) {
+                uint16_t line[32] __attribute__((aligned(64)));
+                for (int u = 0; u < 32; u++) line[u] = bf16_store(in[t + u]);
+                _mm512_stream_si512((void *)(dst + t), _mm512_load_si512(line));
+            }
+            return;
+        }
+#endif
         for (int t = 0; t < d; t++) dst[t] = bf16_store(in[t]);
     }
 }
