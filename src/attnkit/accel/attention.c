@@ -24,12 +24,6 @@
 
 #include "fastmath.h"
 
-/* gcc tunes some processors with AVX-512 (Rocket Lake, Ice Lake, Sapphire Rapids) to
- * auto-vectorise 256 bits wide; the exp and scaling loops below run faster 512 bits wide. */
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC target("prefer-vector-width=512")
-#endif
-
 typedef struct {
     int dtype;          /* 0 float32, 1 bfloat16 */
     void *data;

@@ -8,6 +8,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* gcc tunes some processors with AVX-512 (Rocket Lake, Ice Lake, Sapphire Rapids) to
+ * auto-vectorise 256 bits wide; the kernels' exp and row loops run faster 512 bits wide. */
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+
 static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
