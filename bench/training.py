@@ -164,8 +164,7 @@ def products_candidate(precision: str, onednn: bool | None = None) -> Candidate:
     (8 x 256 = 2,048 rows): each linear layer's forward and both gradients (q/k/v, output,
     FFN up and down, in every layer) and the LM head's three, as attnkit's step runs them
     (float32 through oneDNN where it is the default, or with ``onednn=False`` through torch's
-    own GEMM as the
-    references run them; bf16 under autocast). Its work is FLOPs."""
+    own GEMM as the references run them; bf16 under autocast). Its work is FLOPs."""
     cfg = ak.ModelConfig.preset("lm-small")
     d, f, rows = cfg.d_model, cfg.d_ff, LM_BATCH * LM_LEN
     shapes = [(d, 3 * d), (d, d), (d, f), (f, d)] * cfg.n_layers + [(d, cfg.vocab_size)]

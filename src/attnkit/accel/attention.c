@@ -40,9 +40,10 @@ static inline void load_row(const View *v, int b, int h, int n, int d, float *ou
     }
 }
 
-/* With AVX-512, float32 rows go out by non-temporal stores, which skip reading each output line
- * into the cache first (a Sapphire Rapids-class Xeon spent a sixth of the backward there); the
- * fence at the end of each thread's work makes them visible before the kernel returns. */
+/* With AVX-512, float32 rows, and bf16 rows a cache line at a time, go out by non-temporal
+ * stores, which skip reading each output line into the cache first (a Sapphire Rapids-class
+ * Xeon spent a sixth of the backward there); the fence at the end of each thread's work makes
+ * them visible before the kernel returns. */
 static inline void store_row(const View *v, int b, int h, int n, int d, const float *in) {
     int64_t at = b * v->sb + h * v->sh + n * v->sn;
     if (v->dtype == 0) {

@@ -89,7 +89,7 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
         # output is saved as a (tokens, d_ff) view for the next product's gradient also saved
         # the mask out <= 0 as a bool tensor, and Inductor's CPU code writes and reads bool
         # tensors element by element: an mt-small step went from 1.19x the eager step's time
-        # to 0.98x (bench/README.md).
+        # to 0.94x (bench/README.md).
         import torch._functorch.config as functorch_config
 
         with functorch_config.patch(recompute_views=bool(layers)):

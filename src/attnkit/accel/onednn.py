@@ -12,11 +12,12 @@ Strict float32 throughout. The oneDNN path differentiates once (no second deriva
 ``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere, and
 ``ATTNKIT_ONEDNN_LINEAR=1`` turns it on. By default the first use measures which GEMM is faster
 on this processor at the current thread count (:func:`measure`, well under a second) and takes
-oneDNN only where it wins: it does on AMD's Zen 4 and Zen 5, and it loses to MKL on some Intel
-processors. The choice is kept in ``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE``
-moves it), one per processor, torch version and thread count, so that every later process (a
-resumed run, the other ranks of a distributed one) makes the same choice and the same
-arithmetic; :func:`onednn_choice` says what it is and why.
+oneDNN only where it wins (oneDNN's float32 GEMM was the faster on AMD's Zen 4 and Zen 5 in
+bench/README.md, MKL's on an Intel Xeon). The choice is kept in
+``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE`` moves it), one per processor, torch
+version and thread count, so that every later process (a resumed run, the other ranks of a
+distributed one) makes the same choice and the same arithmetic; :func:`onednn_choice` says
+what it is and why.
 
 Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
 products are the registered operator ``attnkit::onednn_mm`` with its gradients
@@ -90,8 +91,8 @@ def onednn_linear(enabled: bool):
 def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int = 5) -> dict:
     """Time one layer's products, forward and both gradients, up (``width`` -> ``hidden``)
     and down, by torch's GEMM (MKL) and by oneDNN, in alternating rounds at the current thread
-    count. Returns the fastest round of each in seconds and ``"onednn"``: whether oneDNN
-    beat MKL by at least 3%, the choice the default makes."""
+    count. Returns the fastest round of each in seconds (``"mkl"``, ``"onednn"``) and
+    ``"faster"``: whether oneDNN beat MKL by at least 3%, the choice the default makes."""
     if not onednn_linear_available():
         return {"mkl": None, "onednn": None, "faster": False}
     paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: _OneDNNLinear.apply(x, w, None)}
