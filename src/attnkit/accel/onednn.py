@@ -160,9 +160,11 @@ def _enabled() -> bool:
     being traced: there it stays off until an eager call has decided)."""
     if _switch.on is not None:
         return _switch.on
-    if _choice is None and torch.compiler.is_compiling():
-        return False
-    return onednn_choice()["on"]
+    if _choice is None:
+        if torch.compiler.is_compiling():
+            return False
+        onednn_choice()  # measures, or reads the kept choice, once per process
+    return _choice["faster"]
 
 
 def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
