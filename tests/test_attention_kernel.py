@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 import attnkit as ak
 import attnkit.accel.attention as kernel_module
 from attnkit import accel, backends
-from attnkit.accel.attention import attention, attention_kernel, fast_attention
+from attnkit.accel.attention import (
+    attention,
+    attention_kernel,
+    attention_tiles,
+    fast_attention,
+    tiles_available,
+)
 
 
 def reference(q, k, v, mask, causal):
@@ -41,18 +47,24 @@ def heads(b, h, n, d, dtype, gen, layout):
     return wide[..., h * d : 2 * h * d].view(b, n, h, d).transpose(1, 2)
 
 
+def cases(most: int, length: int, widths: list[int]) -> dict:
+    """Hypothesis strategies for a shape (batch and heads up to most, positions up to length,
+    d from widths), masks, a layout and a seed."""
+    return dict(
+        b=st.integers(1, most),
+        h=st.integers(1, most),
+        n=st.integers(1, length),
+        m=st.integers(1, length),
+        d=st.sampled_from(widths),
+        causal=st.booleans(),
+        padding=st.booleans(),
+        layout=st.sampled_from(["contiguous", "heads"]),
+        seed=st.integers(0, 2**16),
+    )
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    b=st.integers(1, 3),
-    h=st.integers(1, 3),
-    n=st.integers(1, 40),
-    m=st.integers(1, 40),
-    d=st.sampled_from([1, 8, 16, 24, 32, 40, 64]),
-    causal=st.booleans(),
-    padding=st.booleans(),
-    layout=st.sampled_from(["contiguous", "heads"]),
-    seed=st.integers(0, 2**16),
-)
+@given(**cases(3, 40, [1, 8, 16, 24, 32, 40, 64]))
 def test_kernel_equals_the_float64_reference(b, h, n, m, d, causal, padding, layout, seed):
     gen = torch.Generator().manual_seed(seed)
     q = heads(b, h, n, d, torch.float32, gen, layout)
@@ -84,6 +96,57 @@ def test_bf16_matches_float32_to_bf16_rounding():
     torch.testing.assert_close(out.float(), want_out, rtol=3e-2, atol=3e-2)
     for a, w in zip(got, want, strict=True):
         torch.testing.assert_close(a.float(), w, rtol=5e-2, atol=5e-2)
+
+
+def _has_amx() -> bool:
+    with open("/proc/cpuinfo") as f:
+        flags = next((line for line in f if line.startswith("flags")), "").split()
+    return "amx_bf16" in flags and "amx_tile" in flags
+
+
+def test_bf16_takes_amx_tiles_exactly_where_the_processor_has_them():
+    assert tiles_available() == _has_amx()
+
+
+@settings(max_examples=40, deadline=None)
+@given(**cases(2, 80, [1, 8, 24, 32, 40, 64, 96]))
+def test_bf16_on_tiles_equals_the_float64_reference(b, h, n, m, d, causal, padding, layout, seed):
+    """The bfloat16 path (on AMX tiles where there are any) against float64 arithmetic on the
+    same bf16 inputs (of unit scale): off by what rounding p and ds to bf16 costs, which scales
+    with the terms summed (so an output near 0 by cancellation is not closer), hence an
+    absolute bound at the larger of 1 and the result's size. A wrong layout or block misses by
+    O(1). Shapes cross the 32-row and 16-key blocks, with causal rows that see no key."""
+    gen = torch.Generator().manual_seed(seed)
+    q = heads(b, h, n, d, torch.bfloat16, gen, layout)
+    k, v = (heads(b, h, m, d, torch.bfloat16, gen, layout) for _ in range(2))
+    mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding else None
+    grad = torch.randn(b, h, n, d, generator=gen).bfloat16()
+    with attention_tiles(True):
+        out = attention(q, k, v, attn_mask=mask, is_causal=causal)
+        got = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want_out = reference(q64, k64, v64, mask, causal)
+    want = torch.autograd.grad(want_out, (q64, k64, v64), grad.double())
+    for a, w in zip((out, *got), (want_out, *want), strict=True):
+        assert torch.isfinite(a).all()
+        size = max(w.abs().max().item(), 1.0)
+        torch.testing.assert_close(a.double(), w.double(), rtol=2e-2, atol=2e-2 * size)
+
+
+def test_the_tiles_switch_chooses_the_path():
+    """Off, bf16 runs in float32 arithmetic; on, on tiles where there are any, which round p
+    to bf16, so the two differ there, and are the same code elsewhere."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 70, 32).bfloat16().requires_grad_() for _ in range(3))
+    outs = {}
+    for tiles in (True, False):
+        with attention_tiles(tiles):
+            out = attention(q, k, v, is_causal=True)
+            outs[tiles] = (out, *torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+    same = all(torch.equal(a, b) for a, b in zip(outs[True], outs[False], strict=True))
+    assert same != tiles_available()
+    for a, b in zip(outs[True], outs[False], strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
 
 
 def test_a_query_with_nothing_to_attend_to_gets_zeros_not_nan():

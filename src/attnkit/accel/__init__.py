@@ -12,7 +12,9 @@ processor: measure before relying on one).
     attention.py  attention's forward and backward for training steps by a C kernel
                   (attention.c), a torch function mode around a step: ``with
                   fast_attention():`` (off: ``attention_kernel(False)`` or
-                  ``ATTNKIT_ATTENTION_KERNEL=0``)
+                  ``ATTNKIT_ATTENTION_KERNEL=0``); in bfloat16 on AMX tiles where the
+                  processor has them (``tiles_available()``; off: ``attention_tiles(False)``
+                  or ``ATTNKIT_ATTENTION_TILES=0``)
     lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
                   (tokens x V) logits, each chunk's row-wise work in one C call (lm_loss.c):
                   ``fuse_lm_loss(model)`` (the C kernel off: ``loss_kernels(False)`` or
@@ -47,7 +49,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from attnkit.accel.attention import attention_kernel, fast_attention
+from attnkit.accel.attention import (
+    attention_kernel,
+    attention_tiles,
+    fast_attention,
+    tiles_available,
+)
 from attnkit.accel.compiled import compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
@@ -71,6 +78,7 @@ __all__ = [
     "PackedLinear",
     "apply",
     "attention_kernel",
+    "attention_tiles",
     "check_compiler",
     "compiled_layers",
     "compiled_step",
@@ -91,6 +99,7 @@ __all__ = [
     "packed_steps",
     "quantize",
     "return_freed_memory",
+    "tiles_available",
 ]
 
 

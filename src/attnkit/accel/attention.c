@@ -15,6 +15,8 @@
  * float32 or bfloat16 (the arithmetic is float32) with any strides over (batch, head,
  * position) and a contiguous last axis. A query with no allowed key gets o_i = 0 and
  * lse_i = +inf (its p and gradients are 0). Causal masks skip the blocks above the diagonal.
+ * Where gcc targets AMX tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux
+ * lends them, bfloat16 inputs take attention_tiles.h's path instead: the products on tiles.
  * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
@@ -148,6 +150,7 @@ typedef struct {
     int batch, heads, n, m, d, causal;
     float scale;
     const uint8_t *valid; /* batch x m (1 = a real key) or NULL */
+    int tiles;            /* 1: bfloat16 products on AMX tiles where the processor has them */
 } Shape;
 
 /* floats, 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
@@ -227,9 +230,18 @@ static int block_cols(int i0, const Shape *s) {
     return round_up(visible(last, s->n, s->m, s->causal), 32);
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#define TILES 1
+#include "attention_tiles.h"
+#endif
+
 int attention_forward(const Shape *s, const View *q, const View *k, const View *v, const View *o,
                       float *lse, int threads) {
     if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+#ifdef TILES
+    if (s->tiles && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 && tiles_permitted())
+        return tiles_forward(s, q, k, v, o, lse, threads);
+#endif
     Padded z = padded(s);
     size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp;
     int failed = 0;
@@ -272,6 +284,11 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
                        const View *o, const View *dout, const float *lse, const View *dq,
                        const View *dk, const View *dv, int threads) {
     if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+#ifdef TILES
+    if (s->tiles && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 && dout->dtype == 1 &&
+        tiles_permitted())
+        return tiles_backward(s, q, k, v, o, dout, lse, dq, dk, dv, threads);
+#endif
     Padded z = padded(s);
     size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp, nm = (size_t)z.np * z.mp;
     int failed = 0;
@@ -341,4 +358,13 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
 #endif
     }
     return failed ? -2 : 0;
+}
+
+/* 1 where the bfloat16 path runs on AMX tiles: built with them, and Linux lends them */
+int attention_tiles(void) {
+#ifdef TILES
+    return tiles_permitted();
+#else
+    return 0;
+#endif
 }

@@ -39,12 +39,16 @@ from attnkit import backends
 from attnkit.accel.cbuild import build
 from attnkit.accel.switch import Switch
 
-__all__ = ["attention", "attention_kernel", "fast_attention", "kernel", "register_operator"]
+__all__ = [
+    "attention", "attention_kernel", "attention_tiles", "fast_attention", "kernel",
+    "register_operator", "tiles_available",
+]  # fmt: skip
 
 _SOURCE = Path(__file__).with_name("attention.c")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_SCRATCH = 1 << 22  # padded N x M per head (the backward keeps two): beyond, torch's kernel
 _switch = Switch("ATTNKIT_ATTENTION_KERNEL")
+_tiles = Switch("ATTNKIT_ATTENTION_TILES")
 
 
 class _View(ctypes.Structure):
@@ -60,6 +64,7 @@ class _Shape(ctypes.Structure):
         *[(name, ctypes.c_int) for name in ("batch", "heads", "n", "m", "d", "causal")],
         ("scale", ctypes.c_float),
         ("valid", ctypes.c_void_p),
+        ("tiles", ctypes.c_int),
     ]
 
 
@@ -74,6 +79,7 @@ def kernel():
             shape, *[view] * 5, ctypes.c_void_p, *[view] * 3, ctypes.c_int,
         ]  # fmt: skip
         library.attention_forward.restype = library.attention_backward.restype = ctypes.c_int
+        library.attention_tiles.restype = ctypes.c_int
     return library
 
 
@@ -81,6 +87,20 @@ def attention_kernel(enabled: bool):
     """Turn the kernel on or off inside a ``with`` block (tests and benchmarks compare both).
     The default is on; ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off."""
     return _switch(enabled)
+
+
+def attention_tiles(enabled: bool):
+    """Turn the bfloat16 path's AMX tile products on or off inside a ``with`` block (where the
+    processor has no AMX, bfloat16 runs in float32 arithmetic either way). The default is on;
+    ``ATTNKIT_ATTENTION_TILES=0`` turns it off."""
+    return _tiles(enabled)
+
+
+def tiles_available() -> bool:
+    """Whether bfloat16 attention runs its products on AMX tiles here: the kernel was built with
+    them (a processor with AMX-BF16, and gcc's ``-march=native``) and Linux lends them."""
+    library = kernel()
+    return library is not None and bool(library.attention_tiles())
 
 
 def _view(t: Tensor) -> _View:
@@ -101,7 +121,7 @@ def _check(status: int, where: str) -> None:
 def _shape(q, k, valid, causal: bool, scale: float) -> _Shape:
     b, h, n, d = q.shape
     return _Shape(b, h, n, k.shape[2], d, int(causal), scale,
-                  None if valid is None else valid.data_ptr())  # fmt: skip
+                  None if valid is None else valid.data_ptr(), int(_tiles.on))  # fmt: skip
 
 
 def _forward(q, k, v, valid, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
