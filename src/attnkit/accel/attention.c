@@ -15,16 +15,17 @@
  * float32 or bfloat16 (the arithmetic is float32) with any strides over (batch, head,
  * position) and a contiguous last axis. A query with no allowed key gets o_i = 0 and
  * lse_i = +inf (its p and gradients are 0). Causal masks skip the blocks above the diagonal.
- * Where gcc targets AMX tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux
+ * With AVX-512 the softmax's passes and the transposes of k and v are written in intrinsics
+ * (avx512.h): gcc's own vectorisation of the sum left a scalar tail per row, and the transposes
+ * went an element at a time. Where gcc targets AMX tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux
  * lends them, bfloat16 inputs take attention_tiles.h's path instead: the products on tiles.
  * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "fastmath.h"
+#ifdef __AVX512F__
+#include "avx512.h"
+#endif
 
 typedef struct {
     int dtype;          /* 0 float32, 1 bfloat16 */
@@ -172,14 +173,30 @@ static void load_rows(const View *v, int b, int h, int n, int d, int np, int dp,
     for (int i = 0; i < n; i++) load_row(v, b, h, i, d, out + (size_t)i * dp);
 }
 
-/* the same, transposed: dp x mp */
-static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp, float *row,
+/* the same, transposed: dp x mp. rows: 16 x dp scratch (AVX-512 transposes 16 keys at a time
+ * in registers; otherwise a row of dp is used). */
+static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp, float *rows,
                       float *out) {
+#ifdef __AVX512F__
+    for (int j0 = 0; j0 < mp; j0 += 16) {
+        memset(rows, 0, sizeof(float) * 16 * (size_t)dp);
+        for (int l = 0; l < 16 && j0 + l < m; l++)
+            load_row(v, b, h, j0 + l, d, rows + (size_t)l * dp);
+        for (int c0 = 0; c0 < dp; c0 += 16) {
+            __m512i r[16];
+            for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_si512(rows + (size_t)l * dp + c0);
+            transpose16(r);
+            for (int q = 0; q < 16; q++)
+                _mm512_storeu_si512(out + (size_t)(c0 + q) * mp + j0, r[q]);
+        }
+    }
+#else
     memset(out, 0, sizeof(float) * (size_t)dp * mp);
     for (int j = 0; j < m; j++) {
-        load_row(v, b, h, j, d, row);
-        for (int t = 0; t < d; t++) out[(size_t)t * mp + j] = row[t];
+        load_row(v, b, h, j, d, rows);
+        for (int t = 0; t < d; t++) out[(size_t)t * mp + j] = rows[t];
     }
+#endif
 }
 
 /* Turn ROWS rows of scores (row stride mp) into probabilities p = exp(s - lse): for the forward
@@ -199,8 +216,15 @@ static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
         if (lse) {
             top = i < s->n ? lse[i] : INFINITY;
         } else {
+#ifdef __AVX512F__
+            __m512 tops = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < len; j += 16)
+                tops = _mm512_mask_max_ps(tops, below(len, j), tops, _mm512_loadu_ps(row + j));
+            top = _mm512_reduce_max_ps(tops);
+#else
 #pragma omp simd reduction(max : top)
             for (int j = 0; j < len; j++) top = row[j] > top ? row[j] : top;
+#endif
         }
         if (top == -INFINITY || top == INFINITY) { /* nothing to attend to */
             memset(row, 0, sizeof(float) * width);
@@ -208,6 +232,16 @@ static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
             continue;
         }
         float sum = 0.0f; /* exp only over the keys the row may see; the rest are 0 */
+#ifdef __AVX512F__
+        __m512 sums = _mm512_setzero_ps(), tops = _mm512_set1_ps(top);
+        for (int j = 0; j < width; j += 16) {
+            __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + j), tops);
+            __m512 e = _mm512_maskz_mov_ps(below(len, j), exp_neg16(x)); /* exp(-inf) = 0 */
+            _mm512_storeu_ps(row + j, e);
+            sums = _mm512_add_ps(sums, e);
+        }
+        sum = _mm512_reduce_add_ps(sums);
+#else
 #pragma omp simd reduction(+ : sum)
         for (int j = 0; j < len; j++) {
             float e = row[j] == -INFINITY ? 0.0f : exp_neg(row[j] - top);
@@ -215,6 +249,7 @@ static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
             sum += e;
         }
         memset(row + len, 0, sizeof(float) * (size_t)(width - len));
+#endif
         if (out_lse) {
             float inv = 1.0f / sum;
 #pragma omp simd
@@ -247,8 +282,8 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        /* Q: np x dp, Kt: dp x mp, V: mp x dp, S: ROWS x mp, O: ROWS x dp, a row of d */
-        float *Q = scratch(nd + 2 * md + ROWS * (size_t)z.mp + (ROWS + 1) * (size_t)z.dp);
+        /* Q: np x dp, Kt: dp x mp, V: mp x dp, S: ROWS x mp, O: ROWS x dp, 16 rows of dp */
+        float *Q = scratch(nd + 2 * md + ROWS * (size_t)z.mp + (ROWS + 16) * (size_t)z.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
@@ -295,15 +330,15 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
 #pragma omp parallel num_threads(threads)
     {
         /* Q, dO, dQ: np x dp; K, dK, dV: mp x dp; Kt, Vt: dp x mp; P, dS: np x mp; D: np;
-         * two rows of dp */
-        float *Q = scratch(3 * nd + 5 * md + 2 * nm + z.np + 2 * (size_t)z.dp);
+         * 17 rows of dp */
+        float *Q = scratch(3 * nd + 5 * md + 2 * nm + z.np + 17 * (size_t)z.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
         }
         float *dO = Q + nd, *dQ = dO + nd, *K = dQ + nd, *dK = K + md, *dV = dK + md;
         float *Kt = dV + md, *Vt = Kt + md, *P = Vt + md, *dS = P + nm, *D = dS + nm;
-        float *row = D + z.np, *oi = row + z.dp;
+        float *row = D + z.np, *oi = row + 16 * (size_t)z.dp;
 #pragma omp for schedule(dynamic)
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;

@@ -75,34 +75,6 @@ static inline void copy_row16(const View *v, int b, int h, int n, int d, uint16_
     }
 }
 
-/* 16 x 16 32-bit values transposed in registers: r[i] lane j becomes r[j] lane i */
-static inline void transpose16(__m512i r[16]) {
-    __m512i a[16], t[16];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) { /* pairs of rows, 32 bits at a time, within 128-bit lanes */
-        a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-        a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) { /* t[4k + q], lane L: column 4L + q of rows 4k .. 4k + 3 */
-        t[4 * k] = _mm512_unpacklo_epi64(a[4 * k], a[4 * k + 2]);
-        t[4 * k + 1] = _mm512_unpackhi_epi64(a[4 * k], a[4 * k + 2]);
-        t[4 * k + 2] = _mm512_unpacklo_epi64(a[4 * k + 1], a[4 * k + 3]);
-        t[4 * k + 3] = _mm512_unpackhi_epi64(a[4 * k + 1], a[4 * k + 3]);
-    }
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; q++) { /* then the 128-bit lanes, a 4 x 4 transpose */
-        __m512i c0 = _mm512_shuffle_i32x4(t[q], t[4 + q], 0x44);
-        __m512i c1 = _mm512_shuffle_i32x4(t[q], t[4 + q], 0xEE);
-        __m512i c2 = _mm512_shuffle_i32x4(t[8 + q], t[12 + q], 0x44);
-        __m512i c3 = _mm512_shuffle_i32x4(t[8 + q], t[12 + q], 0xEE);
-        r[q] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-        r[4 + q] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
-        r[8 + q] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-        r[12 + q] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
-    }
-}
-
 /* 16 bf16 values of x and of y, interleaved: lane l holds x[l] (low half) and y[l] */
 static inline __m512i interleave16(const uint16_t *x, const uint16_t *y) {
     __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x));
@@ -172,31 +144,6 @@ static void tiles_columns(const float *X, int ld, int j0, int dp, float *out) {
 /* 0 for a key that may be attended, -inf for padding (and past m), for mp keys */
 static void tiles_bias(const uint8_t *valid, int m, int mp, float *bias) {
     for (int j = 0; j < mp; j++) bias[j] = j < m && (!valid || valid[j]) ? 0.0f : -INFINITY;
-}
-
-/* exp_neg (fastmath.h) on 16 lanes */
-static inline __m512 exp_neg16(__m512 x) {
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-    bits = _mm512_slli_epi32(bits, 23);
-    __mmask16 big = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    return _mm512_maskz_mul_ps(big, p, _mm512_castsi512_ps(bits));
-}
-
-/* lanes j0 .. j0 + 15 below len */
-static inline __mmask16 below(int len, int j0) {
-    int k = len - j0;
-    return k >= 16 ? 0xFFFF : (k <= 0 ? 0 : (__mmask16)((1u << k) - 1));
 }
 
 /* bf16 bits of 16 floats (rounded to nearest even), widened to 32 bits each */
