@@ -8,6 +8,8 @@
   d 256) with its row kernel (``lm_loss.c``) and with torch's operators (``loss_kernels(False)``).
 
 Each in float32 and bf16; the two sides alternate call by call and each figure is the median.
+Where bf16 attention runs on AMX tiles (``accel.tiles_available()``), its two shapes are also
+timed against the same kernel in float32 arithmetic (``attention_tiles(False)``).
 
     python bench/step_kernels.py [--repeats 15] [--threads 2]
 """
@@ -21,7 +23,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attnkit.accel import attention_kernel, fast_attention, linear_cross_entropy, loss_kernels
+from attnkit.accel import (
+    attention_kernel,
+    attention_tiles,
+    fast_attention,
+    linear_cross_entropy,
+    loss_kernels,
+    tiles_available,
+)
 from training import cpu_description
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -97,6 +106,12 @@ def main() -> None:
         torch_ms, c_ms = compare(loss_case(dtype), loss_kernels, args.repeats)
         label = f"LM-head loss (2,048 x 256 -> 8,192) {precision}"
         print(f"  {label:<52} {torch_ms:8.2f} {c_ms:9.2f} {torch_ms / c_ms:8.2f}x")
+    if tiles_available():
+        print(f"  {'bf16 attention on AMX tiles':<52} {'float32':>8} {'tiles':>9} {'speed-up':>9}")
+        for name, shape, padded in cases:
+            run = attention_case(*shape, torch.bfloat16, padded)
+            plain_ms, tiles_ms = compare(run, attention_tiles, args.repeats)
+            print(f"  {name:<52} {plain_ms:8.2f} {tiles_ms:9.2f} {plain_ms / tiles_ms:8.2f}x")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ step after the products. The kernel (one (batch, head) per task, register-blocke
 float32 scratch, p recomputed from the row's log-sum-exp in the backward) is measured against
 it in bench/README.md. The forward saves only the output and one log-sum-exp per row, as torch's
 kernel does. ``attention_kernel(False)`` or ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off.
+
+bfloat16 inputs compute in float32, except where the kernel is built for AMX tiles (an Intel
+Xeon from Sapphire Rapids on) and Linux lends them (:func:`tiles_available`): there every
+product runs on the tile unit, bf16 in and float32 sums, with p and ds rounded to bf16 before
+the products that take them, as FlashAttention's bf16 kernels do (``attention_tiles.h``).
+``attention_tiles(False)`` or ``ATTNKIT_ATTENTION_TILES=0`` keeps bf16 in float32 arithmetic.
 """
 
 from __future__ import annotations
