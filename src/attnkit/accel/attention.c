@@ -17,8 +17,9 @@
  * lse_i = +inf (its p and gradients are 0). Causal masks skip the blocks above the diagonal.
  * With AVX-512 the softmax's passes and the transposes of k and v are written in intrinsics
  * (avx512.h): gcc's own vectorisation of the sum left a scalar tail per row, and the transposes
- * went an element at a time. Where gcc targets AMX tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux
- * lends them, bfloat16 inputs take attention_tiles.h's path instead: the products on tiles.
+ * went an element at a time. Where gcc targets AMX tiles (-march=native on an Intel Xeon from
+ * Sapphire Rapids on) and Linux lends them, bfloat16 inputs take attention_tiles.h's path
+ * instead: the products on tiles.
  * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
