@@ -66,7 +66,11 @@ def cases(most: int, length: int, widths: list[int]) -> dict:
 @settings(max_examples=60, deadline=None)
 @given(**cases(3, 40, [1, 8, 16, 24, 32, 40, 64]))
 def test_kernel_equals_the_float64_reference(b, h, n, m, d, causal, padding, layout, seed):
-    gen = torch.Generator().manual_seed(seed)
+    check_float32(b, h, n, m, d, causal, padding, layout, torch.Generator().manual_seed(seed))
+
+
+def check_float32(b, h, n, m, d, causal, padding, layout, gen):
+    """The kernel's float32 output and gradients against the float64 reference."""
     q = heads(b, h, n, d, torch.float32, gen, layout)
     k, v = (heads(b, h, m, d, torch.float32, gen, layout) for _ in range(2))
     mask = torch.rand(b, 1, 1, m, generator=gen) > 0.3 if padding else None
@@ -96,6 +100,16 @@ def test_bf16_matches_float32_to_bf16_rounding():
     torch.testing.assert_close(out.float(), want_out, rtol=3e-2, atol=3e-2)
     for a, w in zip(got, want, strict=True):
         torch.testing.assert_close(a.float(), w, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("causal,padding", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("layout", ["contiguous", "heads"])
+def test_rows_read_in_place_equal_the_float64_reference(causal, padding, layout):
+    """float32 rows of exactly d = 32 or 64 with no padding rows (n, m multiples of 8 and 32)
+    are read where they lie instead of copied: those shapes, against the reference."""
+    gen = torch.Generator().manual_seed(5)
+    for b, h, n, m, d in [(2, 3, 64, 64, 32), (2, 2, 40, 96, 64)]:
+        check_float32(b, h, n, m, d, causal, padding, layout, gen)
 
 
 def _has_amx() -> bool:

@@ -9,8 +9,9 @@
  *
  * A head's q, k, v (and do, o) are first copied into float32 scratch, zero-padded (rows to
  * ROWS, keys to 32, d to 32; k and v also transposed), so that every product is one of two
- * small register-blocked loops (ROWS = 8 rows, or 4 without AVX-512, x 32 columns) over
- * contiguous memory. The forward keeps ROWS rows of scores at a time; the backward a head's p
+ * small register-blocked loops (ROWS = 8 rows, or 4 without AVX-512, x 32 columns) over rows
+ * of memory. float32 rows that need no padding (d a multiple of 32, n of ROWS, m of 32) are
+ * read where they lie instead (rows_of). The forward keeps ROWS rows of scores at a time; the backward a head's p
  * and ds (n x m each, in the cache for the sequence lengths this is used for). Tensors may be
  * float32 or bfloat16 (the arithmetic is float32) with any strides over (batch, head,
  * position) and a contiguous last axis. A query with no allowed key gets o_i = 0 and
@@ -174,6 +175,20 @@ static void load_rows(const View *v, int b, int h, int n, int d, int np, int dp,
     for (int i = 0; i < n; i++) load_row(v, b, h, i, d, out + (size_t)i * dp);
 }
 
+/* Rows of a (b, h) slice for the products, which take any row stride: read in place where
+ * they are float32, d == dp and n == np (no padding to add), else loaded into out; the row
+ * stride goes to *ld. In place saves a copy of rows that are usually not in the cache yet. */
+static const float *rows_of(const View *v, int b, int h, int n, int d, int np, int dp,
+                            float *out, int *ld) {
+    if (v->dtype == 0 && d == dp && n == np) {
+        *ld = (int)v->sn;
+        return (const float *)v->data + b * v->sb + h * v->sh;
+    }
+    load_rows(v, b, h, n, d, np, dp, out);
+    *ld = dp;
+    return out;
+}
+
 /* the same, transposed: dp x mp. rows: 16 x dp scratch (AVX-512 transposes 16 keys at a time
  * in registers; otherwise a row of dp is used). */
 static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp, float *rows,
@@ -295,15 +310,16 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;
             int b = bh / s->heads, h = bh % s->heads;
-            load_rows(q, b, h, s->n, s->d, z.np, z.dp, Q);
+            int lq, lv;
+            const float *Qh = rows_of(q, b, h, s->n, s->d, z.np, z.dp, Q, &lq);
             load_cols(k, b, h, s->m, s->d, z.mp, z.dp, row, Kt);
-            load_rows(v, b, h, s->m, s->d, z.mp, z.dp, V);
+            const float *Vh = rows_of(v, b, h, s->m, s->d, z.mp, z.dp, V, &lv);
             const uint8_t *valid = s->valid ? s->valid + (size_t)b * s->m : 0;
             for (int i0 = 0; i0 < s->n; i0 += ROWS) {
                 int cols = block_cols(i0, s);
-                rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, S, z.mp);
+                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, s->scale, S, z.mp);
                 probabilities(S, z.mp, cols, i0, s, valid, 0, lse + (size_t)bh * s->n);
-                rows_times_x(S, z.mp, 1, V, z.dp, 0, cols, z.dp, O, z.dp);
+                rows_times_x(S, z.mp, 1, Vh, lv, 0, cols, z.dp, O, z.dp);
                 for (int r = 0; r < ROWS && i0 + r < s->n; r++)
                     store_row(o, b, h, i0 + r, s->d, O + (size_t)r * z.dp);
             }
@@ -344,9 +360,10 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;
             int b = bh / s->heads, h = bh % s->heads, n = s->n, m = s->m, d = s->d;
-            load_rows(q, b, h, n, d, z.np, z.dp, Q);
-            load_rows(dout, b, h, n, d, z.np, z.dp, dO);
-            load_rows(k, b, h, m, d, z.mp, z.dp, K);
+            int lq, lo, lk;
+            const float *Qh = rows_of(q, b, h, n, d, z.np, z.dp, Q, &lq);
+            const float *dOh = rows_of(dout, b, h, n, d, z.np, z.dp, dO, &lo);
+            const float *Kh = rows_of(k, b, h, m, d, z.mp, z.dp, K, &lk);
             load_cols(k, b, h, m, d, z.mp, z.dp, row, Kt);
             load_cols(v, b, h, m, d, z.mp, z.dp, row, Vt);
             for (int i = 0; i < z.np; i++) { /* D_i = do_i . o_i */
@@ -354,7 +371,7 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
                 if (i < n) {
                     load_row(o, b, h, i, d, oi);
 #pragma omp simd reduction(+ : sum)
-                    for (int t = 0; t < d; t++) sum += dO[(size_t)i * z.dp + t] * oi[t];
+                    for (int t = 0; t < d; t++) sum += dOh[(size_t)i * lo + t] * oi[t];
                 }
                 D[i] = sum;
             }
@@ -363,24 +380,25 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
             for (int i0 = 0; i0 < z.np; i0 += ROWS) {
                 float *Pi = P + (size_t)i0 * z.mp, *dSi = dS + (size_t)i0 * z.mp;
                 int cols = i0 < n ? block_cols(i0, s) : 0;
-                rows_times_bt(Q + (size_t)i0 * z.dp, z.dp, Kt, z.mp, z.dp, cols, s->scale, Pi, z.mp);
+                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, s->scale, Pi, z.mp);
                 probabilities(Pi, z.mp, cols, i0, s, valid, head_lse, 0);
-                rows_times_bt(dO + (size_t)i0 * z.dp, z.dp, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
+                rows_times_bt(dOh + (size_t)i0 * lo, lo, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
                 for (int r = 0; r < ROWS; r++) { /* ds = p (dp - D) scale; 0 wherever p is */
                     float Di = D[i0 + r], *pr = Pi + (size_t)r * z.mp, *dsr = dSi + (size_t)r * z.mp;
 #pragma omp simd
                     for (int j = 0; j < cols; j++) dsr[j] = pr[j] * (dsr[j] - Di) * s->scale;
                 }
                 /* dq_i = sum_j ds_ij k_j */
-                rows_times_x(dSi, z.mp, 1, K, z.dp, 0, cols, z.dp, dQ + (size_t)i0 * z.dp, z.dp);
+                rows_times_x(dSi, z.mp, 1, Kh, lk, 0, cols, z.dp, dQ + (size_t)i0 * z.dp, z.dp);
             }
             /* dv_j = sum_i p_ij do_i and dk_j = sum_i ds_ij q_i: rows of P^T and dS^T; causal
              * rows i < j - (m - n) have p_ij = 0 and are skipped */
             for (int j0 = 0; j0 < z.mp; j0 += ROWS) {
                 int first = s->causal ? j0 - (m - n) : 0;
                 first = first < 0 ? 0 : (first > z.np ? z.np : first);
-                rows_times_x(P + j0, 1, z.mp, dO, z.dp, first, z.np, z.dp, dV + (size_t)j0 * z.dp, z.dp);
-                rows_times_x(dS + j0, 1, z.mp, Q, z.dp, first, z.np, z.dp, dK + (size_t)j0 * z.dp, z.dp);
+                float *dVj = dV + (size_t)j0 * z.dp, *dKj = dK + (size_t)j0 * z.dp;
+                rows_times_x(P + j0, 1, z.mp, dOh, lo, first, z.np, z.dp, dVj, z.dp);
+                rows_times_x(dS + j0, 1, z.mp, Qh, lq, first, z.np, z.dp, dKj, z.dp);
             }
             for (int i = 0; i < n; i++) store_row(dq, b, h, i, d, dQ + (size_t)i * z.dp);
             for (int j = 0; j < m; j++) {
