@@ -198,13 +198,8 @@ static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp,
         memset(rows, 0, sizeof(float) * 16 * (size_t)dp);
         for (int l = 0; l < 16 && j0 + l < m; l++)
             load_row(v, b, h, j0 + l, d, rows + (size_t)l * dp);
-        for (int c0 = 0; c0 < dp; c0 += 16) {
-            __m512i r[16];
-            for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_si512(rows + (size_t)l * dp + c0);
-            transpose16(r);
-            for (int q = 0; q < 16; q++)
-                _mm512_storeu_si512(out + (size_t)(c0 + q) * mp + j0, r[q]);
-        }
+        for (int c0 = 0; c0 < dp; c0 += 16)
+            transpose_block16(rows + c0, dp, out + (size_t)c0 * mp + j0, mp);
     }
 #else
     memset(out, 0, sizeof(float) * (size_t)dp * mp);

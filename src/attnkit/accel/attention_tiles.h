@@ -112,15 +112,9 @@ static void tiles_keys(const View *v, int b, int h, int m, int d, int mp, int dp
         memset(rows, 0, 2 * 16 * (size_t)dp);
         for (int l = 0; l < 16 && j0 + l < m; l++)
             copy_row16(v, b, h, j0 + l, d, rows + (size_t)l * dp);
-        if (over_d)
-            for (int p0 = 0; p0 < dp / 2; p0 += 16) {
-                __m512i r[16];
-                for (int l = 0; l < 16; l++)
-                    r[l] = _mm512_loadu_si512(rows + (size_t)l * dp + 2 * p0);
-                transpose16(r);
-                for (int q = 0; q < 16; q++)
-                    _mm512_storeu_si512(over_d + (size_t)(p0 + q) * mp + j0, r[q]);
-            }
+        if (over_d) /* the rows as dp / 2 pairs each */
+            for (int p0 = 0; p0 < dp / 2; p0 += 16)
+                transpose_block16(rows + 2 * p0, dp / 2, over_d + (size_t)p0 * mp + j0, mp);
         if (over_keys)
             for (int l = 0; l < 16; l += 2)
                 for (int c0 = 0; c0 < dp; c0 += 16) {
@@ -133,12 +127,8 @@ static void tiles_keys(const View *v, int b, int h, int m, int d, int mp, int dp
 
 /* columns j0 .. j0 + 15 of a dp x ld float32 matrix X, as 16 rows of dp in out */
 static void tiles_columns(const float *X, int ld, int j0, int dp, float *out) {
-    for (int c0 = 0; c0 < dp; c0 += 16) {
-        __m512i r[16];
-        for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_si512(X + (size_t)(c0 + l) * ld + j0);
-        transpose16(r);
-        for (int q = 0; q < 16; q++) _mm512_storeu_si512(out + (size_t)q * dp + c0, r[q]);
-    }
+    for (int c0 = 0; c0 < dp; c0 += 16)
+        transpose_block16(X + (size_t)c0 * ld + j0, ld, out + c0, dp);
 }
 
 /* 0 for a key that may be attended, -inf for padding (and past m), for mp keys */

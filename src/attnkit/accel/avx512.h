@@ -60,4 +60,15 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
+/* a 16 x 16 block of 32-bit values at src (row stride src_ld values), transposed into dst (row
+ * stride dst_ld values) */
+static inline void transpose_block16(const void *src, size_t src_ld, void *dst, size_t dst_ld) {
+    const uint32_t *from = (const uint32_t *)src;
+    uint32_t *to = (uint32_t *)dst;
+    __m512i r[16];
+    for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_si512(from + l * src_ld);
+    transpose16(r);
+    for (int q = 0; q < 16; q++) _mm512_storeu_si512(to + q * dst_ld, r[q]);
+}
+
 #endif
