@@ -379,3 +379,24 @@ def test_the_decoding_layout_can_be_switched_off():
         assert torch.equal(model.generate(prompt, 8), expected)
     assert seen and all(seen)  # off: the weights stay as they are
     assert model.lm_head.weight.is_contiguous()
+
+
+@needs_onednn
+@pytest.mark.parametrize(("value", "name"), [("0", "MKL"), ("1", "oneDNN")])
+def test_the_choice_is_described_in_one_line(monkeypatch, value, name):
+    """`attnkit train` prints this line for a float32 run on the CPU."""
+    import attnkit.accel.onednn as onednn
+
+    monkeypatch.setattr(onednn._switch, "on", value == "1")
+    want = f"float32 products: {name} (ATTNKIT_ONEDNN_LINEAR={value})"
+    assert onednn.describe_choice() == want
+
+
+@needs_onednn
+def test_a_measured_choice_is_described_with_its_times(monkeypatch):
+    import attnkit.accel.onednn as onednn
+
+    monkeypatch.setattr(onednn._switch, "on", None)
+    monkeypatch.setattr(onednn, "_choice", {"mkl": 0.017, "onednn": 0.0192, "faster": False})
+    line = onednn.describe_choice()
+    assert line.startswith("float32 products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ")

@@ -63,6 +63,7 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     assert main(["train", recipe, "--out", str(out), *tiny()]) == 0
     printed = capsys.readouterr().out
     assert "finished: step 40" in printed and "validation loss" in printed
+    assert "  gemm   float32 products: " in printed  # which GEMM, and why (accel.onednn)
 
     train, validation = records(out, "train"), records(out, "validation")
     assert train[-1]["loss"] < train[0]["loss"] - 0.5  # the loss falls

@@ -17,7 +17,8 @@ bench/README.md, MKL's on an Intel Xeon). The choice is kept in
 ``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE`` moves it), one per processor, torch
 version and thread count, so that every later process (a resumed run, the other ranks of a
 distributed one) makes the same choice and the same arithmetic; :func:`onednn_choice` says
-what it is and why.
+what it is and why (:func:`describe_choice` in one line, which ``attnkit train`` prints for a
+float32 run).
 
 Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
 products are the registered operator ``attnkit::onednn_mm`` with its gradients
@@ -49,6 +50,7 @@ except ImportError:  # not POSIX: processes measuring at once may each write the
     fcntl = None
 
 __all__ = [
+    "describe_choice",
     "linear",
     "measure",
     "mm_t",
@@ -126,6 +128,23 @@ def onednn_choice() -> dict:
     if _choice is None:
         _choice = _remembered()
     return {"on": _choice["faster"], "by": "measured", **_choice}
+
+
+def describe_choice() -> str:
+    """One line for a log: which GEMM takes float32 products here and why, e.g. "float32
+    products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ATTNKIT_ONEDNN_LINEAR=0 or 1 forces
+    one)". Measures first if nothing has yet."""
+    if not onednn_linear_available():
+        return "float32 products: MKL (this torch build has no oneDNN linear)"
+    choice = onednn_choice()
+    name = "oneDNN" if choice["on"] else "MKL"
+    if choice["by"] != "measured":
+        return f"float32 products: {name} ({choice['by']})"
+    mkl, onednn = choice["mkl"] * 1e3, choice["onednn"] * 1e3
+    return (
+        f"float32 products: {name} (one layer: MKL {mkl:.1f} ms, oneDNN {onednn:.1f} ms; "
+        "ATTNKIT_ONEDNN_LINEAR=0 or 1 forces one)"
+    )
 
 
 def _remembered() -> dict:

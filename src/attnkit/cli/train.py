@@ -156,6 +156,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
 
 def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None) -> int:
+    from attnkit.accel.onednn import describe_choice
     from attnkit.training import CheckpointError, TrainingDiverged
 
     if args.resume:
@@ -191,6 +192,8 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
         f"{torch.get_num_threads()} CPU thread(s)"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
+    if main_rank and not args.quiet and (trainer.device.type, train.precision) == ("cpu", "fp32"):
+        say(f"  gemm   {describe_choice()}")  # measured once per processor, then kept
     for line in report.lines() if report else ():
         say(f"  {line}")
     if trainer.frozen:
