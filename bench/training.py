@@ -604,14 +604,7 @@ def cpu_description() -> str:
 def print_report(results: dict) -> None:
     print(f"\nCPU: {results.get('cpu', 'not recorded')}")
     if choice := results.get("onednn"):
-        times = (
-            f" (one layer's products: MKL {choice['mkl'] * 1e3:.1f} ms, "
-            f"oneDNN {choice['onednn'] * 1e3:.1f} ms)"
-            if choice.get("mkl")
-            else ""
-        )
-        path = "oneDNN" if choice["on"] else "torch's GEMM"
-        print(f"float32 products by default: {path}, {choice['by']}{times}")
+        print(accel.onednn.describe_choice(choice))
     memory = "freed memory kept" if results.get("keep_memory") else "glibc's default malloc"
     print(
         f"training throughput, {results['threads']} threads, median of {results['repeats']} "

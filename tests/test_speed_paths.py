@@ -400,3 +400,5 @@ def test_a_measured_choice_is_described_with_its_times(monkeypatch):
     monkeypatch.setattr(onednn, "_choice", {"mkl": 0.017, "onednn": 0.0192, "faster": False})
     line = onednn.describe_choice()
     assert line.startswith("float32 products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ")
+    saved = {"on": True, "by": "measured", "mkl": 0.02, "onednn": 0.01}  # a benchmark's record
+    assert onednn.describe_choice(saved).startswith("float32 products: oneDNN (one layer: MKL 20.0")

@@ -130,15 +130,16 @@ def onednn_choice() -> dict:
     return {"on": _choice["faster"], "by": "measured", **_choice}
 
 
-def describe_choice() -> str:
+def describe_choice(choice: dict | None = None) -> str:
     """One line for a log: which GEMM takes float32 products here and why, e.g. "float32
     products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ATTNKIT_ONEDNN_LINEAR=0 or 1 forces
-    one)". Measures first if nothing has yet."""
-    if not onednn_linear_available():
+    one)". ``choice`` is an :func:`onednn_choice` result (a benchmark's saved one); by default
+    this process's, measured first if nothing has yet."""
+    if choice is None and not onednn_linear_available():
         return "float32 products: MKL (this torch build has no oneDNN linear)"
-    choice = onednn_choice()
+    choice = onednn_choice() if choice is None else choice
     name = "oneDNN" if choice["on"] else "MKL"
-    if choice["by"] != "measured":
+    if choice["by"] != "measured" or not choice.get("mkl"):
         return f"float32 products: {name} ({choice['by']})"
     mkl, onednn = choice["mkl"] * 1e3, choice["onednn"] * 1e3
     return (

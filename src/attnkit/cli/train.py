@@ -192,7 +192,7 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
         f"{torch.get_num_threads()} CPU thread(s)"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
-    if main_rank and not args.quiet and (trainer.device.type, train.precision) == ("cpu", "fp32"):
+    if (trainer.device.type, train.precision) == ("cpu", "fp32"):
         say(f"  gemm   {describe_choice()}")  # measured once per processor, then kept
     for line in report.lines() if report else ():
         say(f"  {line}")
