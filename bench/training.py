@@ -10,7 +10,9 @@ Two fixed configurations (bench/README.md lists every size):
 - ``mt-small``: attnkit's Transformer (preset "mt-small": 3 + 3 Post-LN layers, ReLU,
   sinusoidal positions, three-way tying), batch 32, source and target 64 tokens, about 10%
   padding, against ``torch.nn.Transformer`` (with embeddings, positions and a tied output layer)
-  and Hugging Face ``BartForConditionalGeneration`` of the same sizes; float32.
+  and Hugging Face ``BartForConditionalGeneration`` of the same sizes; float32. One more
+  attnkit candidate, "attnkit padded stacks", is the trainer's step with its layers over the
+  padded batch (without ``accel.unpad_stacks``), to show what skipping the padding is worth.
 
 A training step is forward, cross-entropy over the vocabulary, backward, and an AdamW step; every
 implementation gets the same loss code and the same optimizer settings (``--adamw``, default
@@ -85,6 +87,7 @@ TARGETS = {  # issue 24 (and issue 10's x-transformers and MFU rows): the ratios
 # oneDNN products where accel.onednn_choice() measured them faster: None), its layers compiled
 # (train.compile), and both without the oneDNN products (ATTNKIT_ONEDNN_LINEAR=0), which leaves
 # float32 products to torch's own GEMM (MKL on x86)
+PADDED = "attnkit padded stacks"  # mt-small: the trainer's step without accel.unpad_stacks
 VARIANTS = {
     "attnkit": (False, None),
     "attnkit compiled": (True, None),
@@ -396,7 +399,7 @@ def mt_models() -> dict[str, nn.Module]:
         return ak.Transformer(cfg).train()
 
     ours = attnkit()
-    variants = {name: attnkit() for name in VARIANTS if name != "attnkit"}
+    variants = {name: attnkit() for name in (*VARIANTS, PADDED) if name != "attnkit"}
     torch.manual_seed(SEED)
     reference = TorchSeq2Seq(cfg).train()
     torch.manual_seed(SEED)
@@ -464,13 +467,15 @@ def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
         ).logits
 
     def ours(variant: str) -> Callable[[], Tensor]:
-        model = accel.apply(models[variant])
+        model = accel.apply(models[variant], unpadded=variant != PADDED)
         return with_levers(
-            lambda: model.loss(*args[:2], b["targets"], *args[2:], ignore_index=0), model, variant
+            lambda: model.loss(*args[:2], b["targets"], *args[2:], ignore_index=0),
+            model,
+            "attnkit" if variant == PADDED else variant,
         )
 
     return {
-        **{variant: ours(variant) for variant in VARIANTS},
+        **{variant: ours(variant) for variant in (*VARIANTS, PADDED)},
         "attnkit logits": with_levers(logits_loss(lambda: plain(*args), b["targets"], 0), plain),
         "torch.nn.Transformer": logits_loss(lambda: ref(*args), b["targets"], 0),
         "HF BART": logits_loss(bart_logits, b["targets"], 0),
@@ -558,6 +563,7 @@ def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
                 compare(lm, ours, ref, precision, "lm-small")
         for ref in ("torch.nn.Transformer", "HF BART"):
             compare(mt, ours, ref, "fp32", "mt-small")
+    compare(mt, "attnkit", PADDED, "fp32", "mt-small")  # what skipping the padding is worth
     products = results.get("products", {})
     gpt2 = lm.get("HF GPT-2 fp32", {}).get("per_s")
     for name in ("lm-small products fp32", "lm-small products fp32 no oneDNN"):

@@ -16,10 +16,12 @@ import attnkit as ak
 import attnkit.accel.attention as kernel_module
 from attnkit import accel, backends
 from attnkit.accel.attention import (
+    Sequences,
     attention,
     attention_kernel,
     attention_tiles,
     fast_attention,
+    packed_self_attention,
     tiles_available,
 )
 
@@ -257,7 +259,8 @@ def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)
 def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
     """This machine builds the AVX-512 code; other processors get AVX2 or plain C from the
-    same file. Both are built here and checked against the float64 reference."""
+    same file. Both are built here and checked against the float64 reference, padded heads and
+    packed sequences."""
     library = tmp_path / "attention.so"
     build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", str(kernel_module._SOURCE)]
     subprocess.run([*build, "-o", str(library), "-lm"], check=True, capture_output=True)
@@ -276,3 +279,15 @@ def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
     for a, w in zip(got, want, strict=True):
         torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)
+    # packed sequences (the unpadded stacks' path): rows of two sequences, 37 and 20 long
+    real = torch.arange(37) < torch.tensor([[37], [20]])
+    rows = torch.stack([t.detach().transpose(1, 2)[real] for t in (q, k, v)], 1)  # (T, 3, H, d)
+    rows.requires_grad_()
+    packed = packed_self_attention(rows, Sequences.of(real), causal=True)
+    (packed_grad,) = torch.autograd.grad(packed.sum(), rows)
+    torch.testing.assert_close(packed[:37], want_out[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+    short = reference(*(t[1:, :, :20] for t in (q, k, v)), None, True)[0]
+    torch.testing.assert_close(packed[37:], short.transpose(0, 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        packed_grad[:37, 0], want[0][0].transpose(0, 1), rtol=1e-4, atol=1e-5
+    )

@@ -168,15 +168,44 @@ class MultiHeadAttention(nn.Module):
         if not cross:
             positions = self._positions(positions, b, n, cache, x.device)
         if cross and cache is not None and cache.length:  # the source's keys, computed once
-            q, keys = self._heads(self._project_q(x), self.n_heads), cache.cached()
+            q, k, v = self._heads(self._project_q(x), self.n_heads), None, None
         else:
             q, k, v = self.project(x, context)  # (B, H, N, d), (B, H_kv, M, d) twice
+        out, weights = self.attend(
+            q, k, v, mask=mask, is_causal=is_causal, positions=positions,
+            context_positions=context_positions, cross=cross, cache=cache,
+            return_weights=return_weights,
+        )  # fmt: skip
+        out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))  # Concat(heads) W^O
+        return (out, weights) if return_weights else out
+
+    def attend(
+        self,
+        q,
+        k,
+        v,
+        *,
+        mask,
+        is_causal,
+        positions,
+        context_positions,
+        cross,
+        cache,
+        return_weights,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The attention itself over heads q (B, H, N, d) and k, v (B, H_kv, M, d) (None: the
+        cross-attention cache holds them): RoPE, the cache, the backend. Returns out
+        (B, H, N, d_head) and the weights (or None)."""
+        if k is None:
+            keys = cache.cached()
+        else:
             if self.rope is not None and not cross:
                 q, k = self.rope.rotate(q, k, positions=positions)
-            keys = Keys(k, v, context_positions if cross else positions, self._valid(mask, n))
+            valid = self._valid(mask, q.shape[2])
+            keys = Keys(k, v, context_positions if cross else positions, valid)
             if cache is not None:
                 keys = cache.update(keys)
-        out, weights = self.backend(
+        return self.backend(
             q,
             keys,  # H_kv heads: the backend lets each serve n_heads / n_kv_heads queries
             mask=None if self.attention != "full" else mask,
@@ -186,18 +215,23 @@ class MultiHeadAttention(nn.Module):
             alibi=None if cross else self.alibi,
             positions=positions,
         )  # (B, H, N, d_head)
-        out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))  # Concat(heads) W^O
-        return (out, weights) if return_weights else out
 
     def project(self, x: Tensor, context: Tensor | None = None):
         """Q, K, V split into heads: q (B, H, N, d_head), k and v (B, H_kv, M, d_head); K and V
         from x (self-attention, one matmul with Q) or from the context (cross-attention)."""
-        q_width, kv_width = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
         if context is None:
-            q, k, v = self.in_proj(x).split([q_width, kv_width, kv_width], dim=-1)
+            return self.heads(self.in_proj(x))
+        return self.heads(self._project_q(x), self._project_kv(context))
+
+    def heads(self, qkv: Tensor, kv: Tensor | None = None):
+        """Projections (B, N, width) -> q (B, H, N, d_head), k and v (B, H_kv, M, d_head): from
+        ``qkv`` alone ([Q, K, V] of self-attention), or Q from ``qkv`` and [K, V] from ``kv``
+        (cross-attention)."""
+        q_width, kv_width = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
+        if kv is None:
+            q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
         else:
-            k, v = self._project_kv(context).split([kv_width, kv_width], dim=-1)
-            q = self._project_q(x)
+            q, (k, v) = qkv, kv.split([kv_width, kv_width], dim=-1)
         return (
             self._heads(q, self.n_heads),
             self._heads(k, self.n_kv_heads),

@@ -15,6 +15,9 @@ processor: measure before relying on one).
                   ``ATTNKIT_ATTENTION_KERNEL=0``); in bfloat16 on AMX tiles where the
                   processor has them (``tiles_available()``; off: ``attention_tiles(False)``
                   or ``ATTNKIT_ATTENTION_TILES=0``)
+    unpadded.py   the encoder and decoder stacks run their layers on a padded batch's real
+                  tokens only, attention over packed sequences in attention.c:
+                  ``unpad_stacks(model)`` (off: ``unpadding(False)`` or ``ATTNKIT_UNPAD=0``)
     lm_loss.py    the output layer and its cross-entropy in one chunked pass, without the
                   (tokens x V) logits, each chunk's row-wise work in one C call (lm_loss.c):
                   ``fuse_lm_loss(model)`` (the C kernel off: ``loss_kernels(False)`` or
@@ -40,8 +43,8 @@ processor: measure before relying on one).
     quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):
                   ``quantize(model, "int4")``
 
-``apply(model)`` turns on what the trainer uses (the fused loss) and returns the model; the
-trainer and the benchmarks run their steps inside ``onednn_products()`` and
+``apply(model)`` turns on what the trainer uses (the fused loss, the unpadded stacks) and returns
+the model; the trainer and the benchmarks run their steps inside ``onednn_products()`` and
 ``fast_attention()``; the trainer also calls ``keep_freed_memory()``.
 """
 
@@ -70,6 +73,7 @@ from attnkit.accel.onednn import (
 from attnkit.accel.packed import PackedEmbedding, PackedLinear
 from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
 from attnkit.accel.quantize import quantize
+from attnkit.accel.unpadded import unpad_stacks, unpadding
 
 __all__ = [
     "FusedLMHead",
@@ -100,11 +104,16 @@ __all__ = [
     "quantize",
     "return_freed_memory",
     "tiles_available",
+    "unpad_stacks",
+    "unpadding",
 ]
 
 
-def apply(model: nn.Module, *, fused_loss: bool = True) -> nn.Module:
-    """Turn on the levers that change a model (the fused LM-head loss); returns the model."""
+def apply(model: nn.Module, *, fused_loss: bool = True, unpadded: bool = True) -> nn.Module:
+    """Turn on the levers that change a model (the fused LM-head loss, the unpadded stacks);
+    returns the model."""
     if fused_loss:
         fuse_lm_loss(model)
+    if unpadded:
+        unpad_stacks(model)
     return model

@@ -21,6 +21,9 @@
  * went an element at a time. Where gcc targets AMX tiles (-march=native on an Intel Xeon from
  * Sapphire Rapids on) and Linux lends them, bfloat16 inputs take attention_tiles.h's path
  * instead: the products on tiles.
+ * Packed sequences (View.first, Shape.n_of / m_of): batch b's rows start at row first[b] of
+ * one (T, H, d) tensor and it has its own n and m, all real; each task lays its head out in
+ * the scratch at its own sizes. (The tile path takes padded heads only.)
  * Built at first use by cbuild.py.
  */
 #include <stdlib.h>
@@ -33,10 +36,17 @@ typedef struct {
     int dtype;          /* 0 float32, 1 bfloat16 */
     void *data;
     int64_t sb, sh, sn; /* strides in elements: batch, head, position (the last axis is 1) */
+    const int64_t *first; /* packed sequences: batch b's positions start at row first[b] (and
+                           * sb is unused); NULL: at b * sb */
 } View;
 
+/* where position n of head h of batch b starts, in elements */
+static inline int64_t offset(const View *v, int b, int h, int n) {
+    return (v->first ? v->first[b] * v->sn : b * v->sb) + h * v->sh + n * v->sn;
+}
+
 static inline void load_row(const View *v, int b, int h, int n, int d, float *out) {
-    int64_t at = b * v->sb + h * v->sh + n * v->sn;
+    int64_t at = offset(v, b, h, n);
     if (v->dtype == 0) {
         memcpy(out, (const float *)v->data + at, sizeof(float) * d);
     } else {
@@ -50,7 +60,7 @@ static inline void load_row(const View *v, int b, int h, int n, int d, float *ou
  * Xeon spent a sixth of the backward there); the fence at the end of each thread's work makes
  * them visible before the kernel returns. */
 static inline void store_row(const View *v, int b, int h, int n, int d, const float *in) {
-    int64_t at = b * v->sb + h * v->sh + n * v->sn;
+    int64_t at = offset(v, b, h, n);
     if (v->dtype == 0) {
         float *dst = (float *)v->data + at;
 #ifdef __AVX512F__
@@ -154,7 +164,18 @@ typedef struct {
     float scale;
     const uint8_t *valid; /* batch x m (1 = a real key) or NULL */
     int tiles;            /* 1: bfloat16 products on AMX tiles where the processor has them */
+    /* packed sequences (View.first): batch b has n_of[b] queries and m_of[b] keys, all real,
+     * and n, m are the largest; NULL: n and m for every batch */
+    const int32_t *n_of, *m_of;
 } Shape;
+
+/* batch b's own shape */
+static Shape of_batch(const Shape *s, int b) {
+    Shape t = *s;
+    if (s->n_of) t.n = s->n_of[b];
+    if (s->m_of) t.m = s->m_of[b];
+    return t;
+}
 
 /* floats, 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
 static float *scratch(size_t floats) {
@@ -182,7 +203,7 @@ static const float *rows_of(const View *v, int b, int h, int n, int d, int np, i
                             float *out, int *ld) {
     if (v->dtype == 0 && d == dp && n == np) {
         *ld = (int)v->sn;
-        return (const float *)v->data + b * v->sb + h * v->sh;
+        return (const float *)v->data + offset(v, b, h, 0);
     }
     load_rows(v, b, h, n, d, np, dp, out);
     *ld = dp;
@@ -283,40 +304,43 @@ static int block_cols(int i0, const Shape *s) {
 
 int attention_forward(const Shape *s, const View *q, const View *k, const View *v, const View *o,
                       float *lse, int threads) {
-    if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+    if (s->d <= 0 || (!s->n_of && (s->n <= 0 || s->m <= 0))) return -1; /* packed: may be 0 */
 #ifdef TILES
-    if (s->tiles && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 && tiles_permitted())
+    if (s->tiles && !s->n_of && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 &&
+        tiles_permitted())
         return tiles_forward(s, q, k, v, o, lse, threads);
 #endif
-    Padded z = padded(s);
-    size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp;
+    Padded most = padded(s); /* the scratch's sizes; each batch lays its own out in it */
+    size_t nd = (size_t)most.np * most.dp, md = (size_t)most.mp * most.dp;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
         /* Q: np x dp, Kt: dp x mp, V: mp x dp, S: ROWS x mp, O: ROWS x dp, 16 rows of dp */
-        float *Q = scratch(nd + 2 * md + ROWS * (size_t)z.mp + (ROWS + 16) * (size_t)z.dp);
+        float *Q = scratch(nd + 2 * md + ROWS * (size_t)most.mp + (ROWS + 16) * (size_t)most.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *Kt = Q + nd, *V = Kt + md, *S = V + md, *O = S + ROWS * (size_t)z.mp;
-        float *row = O + ROWS * z.dp;
+        float *Kt = Q + nd, *V = Kt + md, *S = V + md, *O = S + ROWS * (size_t)most.mp;
+        float *row = O + ROWS * most.dp;
 #pragma omp for schedule(dynamic)
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;
             int b = bh / s->heads, h = bh % s->heads;
+            Shape t = of_batch(s, b);
+            Padded z = padded(&t);
             int lq, lv;
-            const float *Qh = rows_of(q, b, h, s->n, s->d, z.np, z.dp, Q, &lq);
-            load_cols(k, b, h, s->m, s->d, z.mp, z.dp, row, Kt);
-            const float *Vh = rows_of(v, b, h, s->m, s->d, z.mp, z.dp, V, &lv);
+            const float *Qh = rows_of(q, b, h, t.n, t.d, z.np, z.dp, Q, &lq);
+            load_cols(k, b, h, t.m, t.d, z.mp, z.dp, row, Kt);
+            const float *Vh = rows_of(v, b, h, t.m, t.d, z.mp, z.dp, V, &lv);
             const uint8_t *valid = s->valid ? s->valid + (size_t)b * s->m : 0;
-            for (int i0 = 0; i0 < s->n; i0 += ROWS) {
-                int cols = block_cols(i0, s);
-                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, s->scale, S, z.mp);
-                probabilities(S, z.mp, cols, i0, s, valid, 0, lse + (size_t)bh * s->n);
+            for (int i0 = 0; i0 < t.n; i0 += ROWS) {
+                int cols = block_cols(i0, &t);
+                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, t.scale, S, z.mp);
+                probabilities(S, z.mp, cols, i0, &t, valid, 0, lse + (size_t)bh * s->n);
                 rows_times_x(S, z.mp, 1, Vh, lv, 0, cols, z.dp, O, z.dp);
-                for (int r = 0; r < ROWS && i0 + r < s->n; r++)
-                    store_row(o, b, h, i0 + r, s->d, O + (size_t)r * z.dp);
+                for (int r = 0; r < ROWS && i0 + r < t.n; r++)
+                    store_row(o, b, h, i0 + r, t.d, O + (size_t)r * z.dp);
             }
         }
         free(Q);
@@ -330,31 +354,35 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
 int attention_backward(const Shape *s, const View *q, const View *k, const View *v,
                        const View *o, const View *dout, const float *lse, const View *dq,
                        const View *dk, const View *dv, int threads) {
-    if (s->n <= 0 || s->m <= 0 || s->d <= 0) return -1;
+    if (s->d <= 0 || (!s->n_of && (s->n <= 0 || s->m <= 0))) return -1; /* packed: may be 0 */
 #ifdef TILES
-    if (s->tiles && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 && dout->dtype == 1 &&
-        tiles_permitted())
+    if (s->tiles && !s->n_of && q->dtype == 1 && k->dtype == 1 && v->dtype == 1 &&
+        dout->dtype == 1 && tiles_permitted())
         return tiles_backward(s, q, k, v, o, dout, lse, dq, dk, dv, threads);
 #endif
-    Padded z = padded(s);
-    size_t nd = (size_t)z.np * z.dp, md = (size_t)z.mp * z.dp, nm = (size_t)z.np * z.mp;
+    Padded most = padded(s); /* the scratch's sizes; each batch lays its own out in it */
+    size_t nd = (size_t)most.np * most.dp, md = (size_t)most.mp * most.dp;
+    size_t nm = (size_t)most.np * most.mp;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
         /* Q, dO, dQ: np x dp; K, dK, dV: mp x dp; Kt, Vt: dp x mp; P, dS: np x mp; D: np;
          * 17 rows of dp */
-        float *Q = scratch(3 * nd + 5 * md + 2 * nm + z.np + 17 * (size_t)z.dp);
+        float *Q = scratch(3 * nd + 5 * md + 2 * nm + most.np + 17 * (size_t)most.dp);
         if (!Q) {
 #pragma omp atomic write
             failed = 1;
         }
         float *dO = Q + nd, *dQ = dO + nd, *K = dQ + nd, *dK = K + md, *dV = dK + md;
         float *Kt = dV + md, *Vt = Kt + md, *P = Vt + md, *dS = P + nm, *D = dS + nm;
-        float *row = D + z.np, *oi = row + 16 * (size_t)z.dp;
+        float *row = D + most.np, *oi = row + 16 * (size_t)most.dp;
 #pragma omp for schedule(dynamic)
         for (int bh = 0; bh < s->batch * s->heads; bh++) {
             if (!Q) continue;
-            int b = bh / s->heads, h = bh % s->heads, n = s->n, m = s->m, d = s->d;
+            int b = bh / s->heads, h = bh % s->heads;
+            Shape t = of_batch(s, b);
+            Padded z = padded(&t);
+            int n = t.n, m = t.m, d = t.d;
             int lq, lo, lk;
             const float *Qh = rows_of(q, b, h, n, d, z.np, z.dp, Q, &lq);
             const float *dOh = rows_of(dout, b, h, n, d, z.np, z.dp, dO, &lo);
@@ -370,13 +398,13 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
                 }
                 D[i] = sum;
             }
-            const uint8_t *valid = s->valid ? s->valid + (size_t)b * m : 0;
-            const float *head_lse = lse + (size_t)bh * n;
+            const uint8_t *valid = s->valid ? s->valid + (size_t)b * s->m : 0;
+            const float *head_lse = lse + (size_t)bh * s->n;
             for (int i0 = 0; i0 < z.np; i0 += ROWS) {
                 float *Pi = P + (size_t)i0 * z.mp, *dSi = dS + (size_t)i0 * z.mp;
-                int cols = i0 < n ? block_cols(i0, s) : 0;
-                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, s->scale, Pi, z.mp);
-                probabilities(Pi, z.mp, cols, i0, s, valid, head_lse, 0);
+                int cols = i0 < n ? block_cols(i0, &t) : 0;
+                rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, t.scale, Pi, z.mp);
+                probabilities(Pi, z.mp, cols, i0, &t, valid, head_lse, 0);
                 rows_times_bt(dOh + (size_t)i0 * lo, lo, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
                 for (int r = 0; r < ROWS; r++) { /* ds = p (dp - D) scale; 0 wherever p is */
                     float Di = D[i0 + r], *pr = Pi + (size_t)r * z.mp, *dsr = dSi + (size_t)r * z.mp;
@@ -389,7 +417,7 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
             /* dv_j = sum_i p_ij do_i and dk_j = sum_i ds_ij q_i: rows of P^T and dS^T; causal
              * rows i < j - (m - n) have p_ij = 0 and are skipped */
             for (int j0 = 0; j0 < z.mp; j0 += ROWS) {
-                int first = s->causal ? j0 - (m - n) : 0;
+                int first = t.causal ? j0 - (m - n) : 0;
                 first = first < 0 ? 0 : (first > z.np ? z.np : first);
                 float *dVj = dV + (size_t)j0 * z.dp, *dKj = dK + (size_t)j0 * z.dp;
                 rows_times_x(P + j0, 1, z.mp, dOh, lo, first, z.np, z.dp, dVj, z.dp);

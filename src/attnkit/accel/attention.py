@@ -33,6 +33,7 @@ import ctypes
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +47,9 @@ from attnkit.accel.cbuild import build
 from attnkit.accel.switch import Switch
 
 __all__ = [
-    "attention", "attention_kernel", "attention_tiles", "fast_attention", "kernel",
-    "register_operator", "tiles_available",
+    "Sequences", "attention", "attention_kernel", "attention_tiles", "fast_attention", "kernel",
+    "packed_attention", "packed_self_attention", "register_operator", "takes_packed",
+    "tiles_available",
 ]  # fmt: skip
 
 _SOURCE = Path(__file__).with_name("attention.c")
@@ -62,6 +64,7 @@ class _View(ctypes.Structure):
         ("dtype", ctypes.c_int),
         ("data", ctypes.c_void_p),
         *[(name, ctypes.c_int64) for name in ("sb", "sh", "sn")],
+        ("first", ctypes.c_void_p),
     ]
 
 
@@ -71,6 +74,8 @@ class _Shape(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("valid", ctypes.c_void_p),
         ("tiles", ctypes.c_int),
+        ("n_of", ctypes.c_void_p),
+        ("m_of", ctypes.c_void_p),
     ]
 
 
@@ -109,8 +114,12 @@ def tiles_available() -> bool:
     return library is not None and bool(library.attention_tiles())
 
 
-def _view(t: Tensor) -> _View:
-    return _View(_DTYPE_CODES[t.dtype], t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+def _view(t: Tensor, sequences: Sequences | None = None) -> _View:
+    """A (B, H, N, d) tensor, or packed sequences' (T, H, d) rows, for the kernel."""
+    if sequences is None:
+        return _View(_DTYPE_CODES[t.dtype], t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+    first = sequences.first.data_ptr()
+    return _View(_DTYPE_CODES[t.dtype], t.data_ptr(), 0, t.stride(1), t.stride(0), first)
 
 
 def _like_heads(t: Tensor) -> Tensor:
@@ -124,35 +133,68 @@ def _check(status: int, where: str) -> None:
         raise RuntimeError(f"{where}: the attention kernel failed (status {status})")
 
 
-def _shape(q, k, valid, causal: bool, scale: float) -> _Shape:
-    b, h, n, d = q.shape
-    return _Shape(b, h, n, k.shape[2], d, int(causal), scale,
-                  None if valid is None else valid.data_ptr(), int(_tiles.on))  # fmt: skip
+class Sequences(NamedTuple):
+    """Where B sequences lie in packed (T, ...) rows, one after another: sequence b in rows
+    ``first[b]`` to ``first[b] + lengths[b] - 1``; ``longest`` is the largest length."""
+
+    first: Tensor  # (B,) int64
+    lengths: Tensor  # (B,) int32
+    longest: int
+
+    @classmethod
+    def of(cls, real: Tensor) -> Sequences:
+        """The real tokens of a padded batch, ``real`` (B, N) bool, packed in order."""
+        lengths = real.sum(1, dtype=torch.int32)
+        first = torch.cumsum(lengths, 0, dtype=torch.int64) - lengths
+        return cls(first, lengths, int(lengths.max()) if len(lengths) else 0)
 
 
-def _forward(q, k, v, valid, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """(out, lse): out laid out as the heads are, lse (B, H, N) float32."""
-    shape = _shape(q, k, valid, causal, scale)
-    out, lse = _like_heads(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+def _shape(q, k, valid, causal: bool, scale: float, queries=None, keys=None) -> _Shape:
+    if queries is None:  # (B, H, N, d) and (B, H, M, d)
+        b, h, n, d = q.shape
+        m, lengths = k.shape[2], (None, None)
+    else:  # packed (T, H, d) rows
+        b, (h, d), n, m = len(queries.lengths), q.shape[1:], queries.longest, keys.longest
+        lengths = (queries.lengths.data_ptr(), keys.lengths.data_ptr())
+    valid = None if valid is None else valid.data_ptr()
+    return _Shape(b, h, n, m, d, int(causal), scale, valid, int(_tiles.on), *lengths)
+
+
+def _like(t: Tensor, packed: bool) -> Tensor:
+    """An empty tensor for t's results: laid out as the heads are (``_like_heads``), or packed
+    (T, H, d) rows."""
+    return t.new_empty(t.shape) if packed else _like_heads(t)
+
+
+def _forward(q, k, v, valid, causal: bool, scale: float, queries=None, keys=None):
+    """(out, lse): out laid out as the heads are (or packed as q), lse (B, H, N) float32."""
+    shape = _shape(q, k, valid, causal, scale, queries, keys)
+    out = _like(q, queries is not None)
+    lse = q.new_empty(q.shape[:3] if queries is None else (shape.batch, shape.heads, shape.n),
+                      dtype=torch.float32)  # fmt: skip
     with record_function("attnkit::attention_forward"):  # named in torch.profiler's tables
         status = kernel().attention_forward(
-            shape, _view(q), _view(k), _view(v), _view(out), lse.data_ptr(),
-            torch.get_num_threads(),
+            shape, _view(q, queries), _view(k, keys), _view(v, keys), _view(out, queries),
+            lse.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
     _check(status, "attention_forward")
     return out, lse
 
 
-def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float):
-    """(dL/dq, dL/dk, dL/dv) from the output's gradient."""
+def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float, queries=None,
+              keys=None, into=None):  # fmt: skip
+    """(dL/dq, dL/dk, dL/dv) from the output's gradient (written into ``into``'s three tensors
+    where given)."""
     grad = grad.to(q.dtype)
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-    shape = _shape(q, k, valid, causal, scale)
-    dq, dk, dv = _like_heads(q), _like_heads(k), _like_heads(v)
+    shape = _shape(q, k, valid, causal, scale, queries, keys)
+    packed = queries is not None
+    dq, dk, dv = into or (_like(q, packed), _like(k, packed), _like(v, packed))
     with record_function("attnkit::attention_backward"):
         status = kernel().attention_backward(
-            shape, _view(q), _view(k), _view(v), _view(out), _view(grad), lse.data_ptr(),
-            _view(dq), _view(dk), _view(dv), torch.get_num_threads(),
+            shape, _view(q, queries), _view(k, keys), _view(v, keys), _view(out, queries),
+            _view(grad, queries), lse.data_ptr(), _view(dq, queries), _view(dk, keys),
+            _view(dv, keys), torch.get_num_threads(),
         )  # fmt: skip
     _check(status, "attention_backward")
     return dq, dk, dv
@@ -171,6 +213,93 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, out, lse, valid = ctx.saved_tensors
         return *_backward(q, k, v, out, lse, grad, valid, *ctx.options), None, None, None
+
+
+class _PackedAttention(torch.autograd.Function):
+    """Attention from packed rows q (T, H, d) and [K, V] (T_k, 2, H, d) of one projection: the
+    keys' and values' gradient comes back as one (T_k, 2, H, d) tensor, as the projection's
+    output was, so that no split has to be joined in the backward."""
+
+    @staticmethod
+    def forward(ctx, q, kv, queries, keys, causal, scale):
+        out, lse = _forward(q, *kv.unbind(1), None, causal, scale, queries, keys)
+        ctx.save_for_backward(q, kv, out, lse)
+        ctx.options = (causal, scale, queries, keys)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, kv, out, lse = ctx.saved_tensors
+        causal, scale, queries, keys = ctx.options
+        dq, dkv = q.new_empty(q.shape), kv.new_empty(kv.shape)
+        _backward(q, *kv.unbind(1), out, lse, grad, None, causal, scale, queries, keys,
+                  into=(dq, *dkv.unbind(1)))  # fmt: skip
+        return dq, dkv, None, None, None, None
+
+
+class _PackedSelfAttention(torch.autograd.Function):
+    """Self-attention from one projection's packed rows [Q, K, V] (T, 3, H, d): the gradient
+    comes back as one (T, 3, H, d) tensor (as in :class:`_PackedAttention`)."""
+
+    @staticmethod
+    def forward(ctx, qkv, sequences, causal, scale):
+        out, lse = _forward(*qkv.unbind(1), None, causal, scale, sequences, sequences)
+        ctx.save_for_backward(qkv, out, lse)
+        ctx.options = (causal, scale, sequences)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        qkv, out, lse = ctx.saved_tensors
+        causal, scale, sequences = ctx.options
+        dqkv = qkv.new_empty(qkv.shape)
+        _backward(*qkv.unbind(1), out, lse, grad, None, causal, scale, sequences, sequences,
+                  into=dqkv.unbind(1))  # fmt: skip
+        return dqkv, None, None, None
+
+
+def _tiled() -> bool:
+    """Whether bfloat16 attention takes the AMX tiles (padded only)."""
+    return _tiles.on and tiles_available()
+
+
+def takes_packed(q: Tensor, longest: int) -> bool:
+    """Whether :func:`packed_attention` can take packed q (T, H, d) rows whose sequences
+    (and keys') are at most ``longest`` long: the kernel is on and built, not inside a compiled
+    graph, a CPU float32 tensor, or bfloat16 where no AMX tiles would take it (the tile path
+    takes padded heads only, and is worth more than the padding it computes)."""
+    return (
+        _switch.on
+        and not torch.compiler.is_compiling()
+        and q.device.type == "cpu"
+        and kernel() is not None
+        and (q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and not _tiled()))
+        and -(-longest // 4) * 4 * (-(-longest // 32) * 32) <= _MAX_SCRATCH
+    )
+
+
+def packed_attention(
+    q: Tensor, kv: Tensor, queries: Sequences, keys: Sequences, *, causal: bool,
+    scale: float | None = None,
+) -> Tensor:  # fmt: skip
+    """softmax(q k^T scale) v for each of B sequences packed into rows, with no padding: q
+    (T, H, d) rows as ``queries`` says, keys and values ``kv`` (T_k, 2, H, d) as ``keys``
+    says; ``causal``: query i of sequence b sees its keys 0 .. i + M_b - N_b. Returns
+    (T, H, d); a query of a sequence with no keys gets zeros. The caller checks
+    :func:`takes_packed` first."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _PackedAttention.apply(q, kv, queries, keys, bool(causal), scale)
+
+
+def packed_self_attention(
+    qkv: Tensor, sequences: Sequences, *, causal: bool, scale: float | None = None
+) -> Tensor:
+    """:func:`packed_attention` of a self-attention layer, from its projection's packed rows
+    ``qkv`` (T, 3, H, d), q, k and v in that order. Returns (T, H, d)."""
+    scale = qkv.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _PackedSelfAttention.apply(qkv, sequences, bool(causal), scale)
 
 
 _operator = None  # attnkit::attention once registered

@@ -68,7 +68,7 @@ static void tiles_product(const uint16_t *A, int lda, const uint32_t *B, int ldb
 
 /* a bf16 row of a (b, h) slice into out (d values; the padding past d is left as it is) */
 static inline void copy_row16(const View *v, int b, int h, int n, int d, uint16_t *out) {
-    const uint16_t *src = (const uint16_t *)v->data + b * v->sb + h * v->sh + n * v->sn;
+    const uint16_t *src = (const uint16_t *)v->data + offset(v, b, h, n);
     for (int t = 0; t < d; t += 32) {
         __mmask32 lanes = d - t >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (d - t)) - 1;
         _mm512_mask_storeu_epi16(out + t, lanes, _mm512_maskz_loadu_epi16(lanes, src + t));

@@ -1,0 +1,233 @@
+"""The unpadded stacks (``accel/unpadded.py``) and packed attention (``attention.c``'s packed
+sequences): packed attention against torch's math over the padded batch in float64 (a property
+over lengths, holes, heads and widths), and every family's loss and gradients with the stacks
+unpadded against the same model padded, on the packed kernel and on the scatter path."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnkit as ak
+from attnkit import accel
+from attnkit.accel.attention import (
+    Sequences,
+    attention_kernel,
+    fast_attention,
+    packed_attention,
+    packed_self_attention,
+    takes_packed,
+)
+from attnkit.accel.unpadded import UnpaddedAttention, UnpaddedDecoder, UnpaddedEncoder
+
+
+def padded_reference(q, k, v, real_q, real_k, causal):
+    """torch's math in float64 over padded (B, H, N, d) heads: keys masked by real_k (B, M),
+    causal by position; a query with no key gets 0."""
+    q, k, v = (t.double() for t in (q, k, v))
+    n, m = q.shape[2], k.shape[2]
+    allowed = real_k[:, None, None, :].expand(-1, 1, n, m)
+    if causal:
+        allowed = allowed & torch.ones(n, m, dtype=torch.bool).tril()
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    return torch.nan_to_num(weights) @ v
+
+
+def pack(t, real):
+    """(B, H, N, d) -> the real rows (T, H, d), in order."""
+    return t.transpose(1, 2)[real]
+
+
+def real_mask(b, n, gen, holes):
+    """(B, N) real tokens: right padding to a random length (0 .. n), or random holes."""
+    if holes:
+        return torch.rand(b, n, generator=gen) > 0.4
+    lengths = torch.randint(0, n + 1, (b, 1), generator=gen)
+    return torch.arange(n) < lengths
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    h=st.integers(1, 3),
+    n=st.integers(1, 40),
+    m=st.integers(1, 40),
+    d=st.sampled_from([1, 8, 16, 32, 40, 64]),
+    self_attention=st.booleans(),
+    causal=st.booleans(),
+    holes=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_attention_equals_padded_attention(
+    b, h, n, m, d, self_attention, causal, holes, seed
+):
+    """Packed rows against the padded batch's attention at the real queries, output and the
+    gradients of q, k and v. Self-attention (queries are the keys, causal or not); cross
+    attention (its own key sequences, not causal). Sequences may be empty; with holes, a
+    causal query sees the real keys up to its position, as in the padded batch."""
+    gen = torch.Generator().manual_seed(seed)
+    m = n if self_attention else m
+    causal = causal and self_attention
+    real_q = real_mask(b, n, gen, holes)
+    real_k = real_q if self_attention else real_mask(b, m, gen, holes)
+    q, k, v = (torch.randn(b, h, size, d, generator=gen) for size in (n, m, m))
+    grad = torch.randn(b, h, n, d, generator=gen)
+    grad = grad * real_q[:, None, :, None]  # padded queries' outputs are not used
+    queries, keys = Sequences.of(real_q), Sequences.of(real_k)
+
+    packed = [pack(t, r).requires_grad_() for t, r in ((q, real_q), (k, real_k), (v, real_k))]
+    assert takes_packed(packed[0], max(queries.longest, keys.longest))
+    if self_attention:
+        qkv = torch.stack(packed, 1).detach().requires_grad_()  # (T, 3, H, d)
+        out = packed_self_attention(qkv, queries, causal=causal)
+        (dqkv,) = torch.autograd.grad(out, qkv, pack(grad, real_q))
+        got = dqkv.unbind(1)
+    else:
+        kv = torch.stack(packed[1:], 1).detach().requires_grad_()  # (T_k, 2, H, d)
+        out = packed_attention(packed[0], kv, queries, keys, causal=False)
+        got = (*torch.autograd.grad(out, (packed[0], kv), pack(grad, real_q)),)
+        got = (got[0], *got[1].unbind(1))
+
+    heads = [t.double().requires_grad_() for t in (q, k, v)]
+    want_out = padded_reference(*heads, real_q, real_k, causal)
+    want = torch.autograd.grad(want_out, heads, grad.double())
+    torch.testing.assert_close(out.double(), pack(want_out, real_q), rtol=1e-5, atol=1e-5)
+    for a, w, r in zip(got, want, (real_q, real_k, real_k), strict=True):
+        torch.testing.assert_close(a.double(), pack(w, r), rtol=1e-4, atol=1e-5)
+
+
+def batch(cfg, b=3, n=13, left=False):
+    """ids (B, N) with padding of three kinds: none, a short row, a row of padding only in the
+    middle of the batch's lengths (right padding; left padding for decoder-only prompts)."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, cfg.vocab_size, (b, n), generator=gen)
+    real = torch.ones(b, n, dtype=torch.bool)
+    real[1, -5:] = False
+    real[2, -1:] = False
+    if left:
+        real = real.flip(1)
+    return ids.masked_fill(~real, cfg.pad_id), real
+
+
+def loss_of(model, family, cfg):
+    ids, real = batch(cfg, left=family == "decoder")
+    if family == "seq2seq":
+        src, src_real = batch(cfg, n=11)
+        tgt_in = ak.shift_right(ids, cfg.bos_id)
+        tgt_real = torch.cat([torch.ones_like(real[:, :1]), real[:, :-1]], 1)
+        return model.loss(src, tgt_in, ids, src_real, tgt_real, ignore_index=cfg.pad_id)
+    if family == "decoder":
+        targets = ids[:, 1:].masked_fill(~(real[:, 1:] & real[:, :-1]), -100)  # real inputs
+        return model.loss(ids[:, :-1], targets, attention_mask=real[:, :-1])
+    return torch.nn.functional.cross_entropy(
+        model(ids, attention_mask=real), torch.tensor([0, 1, 0])
+    )
+
+
+def build(family, cfg):
+    torch.manual_seed(0)
+    if family == "seq2seq":
+        return ak.Transformer(cfg)
+    if family == "decoder":
+        return ak.DecoderLM(cfg)
+    return ak.EncoderClassifier(cfg, num_classes=2)
+
+
+def grads_of(model, family, cfg, kernel=True):
+    model.zero_grad()
+    with attention_kernel(kernel), fast_attention():
+        loss = loss_of(model, family, cfg)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+VARIANTS = {
+    "post-LN": dict(norm="post"),
+    "pre-LN": dict(norm="pre"),
+    "rope": dict(position="rope"),
+    "alibi": dict(position="alibi"),
+    "grouped": dict(n_kv_heads=1),
+    "window": dict(attention="window", window=4),
+    "linear": dict(attention="linear"),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("family", ["seq2seq", "decoder", "encoder"])
+def test_unpadded_stacks_give_the_padded_loss_and_gradients(family, variant):
+    """Every family and attention variant, the kernel on (packed attention where it applies,
+    else the scatter path) and off (torch's attention over the scattered heads)."""
+    cfg = ak.ModelConfig.preset("tiny", dropout=0.0, **VARIANTS[variant])
+    padded = build(family, cfg).train()
+    unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+    assert any(isinstance(m, UnpaddedAttention) for m in unpadded.modules())
+    for kernel in (True, False):
+        want, got = grads_of(padded, family, cfg, kernel), grads_of(unpadded, family, cfg, kernel)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+        for name, w in want[1].items():
+            torch.testing.assert_close(got[1][name], w, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_padded_positions_come_out_zero_and_the_switch_restores_them():
+    """What the unpadded encoder gives at a padded position is zero; the real positions are
+    the padded model's; ``unpadding(False)`` runs the padded forward again."""
+    cfg = ak.ModelConfig.preset("tiny")
+    padded = build("encoder", cfg).eval()
+    unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+    ids, real = batch(cfg)
+    with torch.no_grad():
+        want = padded.encoder(ids, attention_mask=real)
+        got = unpadded.encoder(ids, attention_mask=real)
+        with accel.unpadding(False):
+            off = unpadded.encoder(ids, attention_mask=real)
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[~real], torch.zeros_like(got[~real]))
+    assert torch.equal(off, want)
+
+
+def test_generation_is_unchanged():
+    """Greedy translation of padded sources (the encoder runs unpadded; the decoding steps,
+    with a cache, padded) and a decoder-only model's left-padded prompts."""
+    cfg = ak.ModelConfig.preset("tiny")
+    for family in ("seq2seq", "decoder"):
+        padded = build(family, cfg).eval()
+        unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+        ids, real = batch(cfg, left=family == "decoder")
+        options = dict(src_mask=real) if family == "seq2seq" else dict(attention_mask=real)
+        want = padded.generate(ids, 6, **options)
+        assert torch.equal(unpadded.generate(ids, 6, **options), want)
+
+
+def test_what_keeps_the_padded_forward():
+    """A mixture of experts is left as it is; attention weights come from the padded
+    forward."""
+    moe = accel.unpad_stacks(ak.DecoderLM(ak.ModelConfig.preset("tiny", n_experts=2)))
+    assert not any(isinstance(m, UnpaddedAttention | UnpaddedDecoder) for m in moe.modules())
+    cfg = ak.ModelConfig.preset("tiny")
+    padded = build("seq2seq", cfg).eval()
+    unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+    assert isinstance(unpadded.encoder, UnpaddedEncoder)
+    src, src_real = batch(cfg)
+    tgt, tgt_real = batch(cfg, n=9)
+    with torch.no_grad():
+        _, want = padded(src, tgt, src_real, tgt_real, return_attention=True)
+        _, got = unpadded(src, tgt, src_real, tgt_real, return_attention=True)
+    for key in ("encoder", "decoder", "cross"):
+        for a, w in zip(got[key], want[key], strict=True):
+            assert torch.equal(a, w)
+
+
+def test_bfloat16_autocast_steps_match():
+    """bfloat16 autocast: packed attention in float32 arithmetic, or the padded heads on AMX
+    tiles where the processor has them; against the padded model to bf16 rounding."""
+    cfg = ak.ModelConfig.preset("tiny", norm="post")
+    padded = build("seq2seq", cfg).train()
+    unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+    losses = []
+    for model in (padded, unpadded):
+        with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
+            losses.append(loss_of(model, "seq2seq", cfg).float())
+    torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=2e-2)
