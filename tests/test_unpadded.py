@@ -231,3 +231,27 @@ def test_bfloat16_autocast_steps_match():
         with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
             losses.append(loss_of(model, "seq2seq", cfg).float())
     torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=2e-2)
+
+
+def test_compiled_layers_keep_the_padded_batch():
+    """Inside ``compiled_layers`` the stacks run padded (a packed batch's changing token count
+    would compile the layers again); outside, unpadded again, and ``ATTNKIT_UNPAD=0``'s
+    choice is kept."""
+    cfg = ak.ModelConfig.preset("tiny")
+    model = accel.apply(build("encoder", cfg))
+    ids, real = batch(cfg)
+    calls = []
+    real_forward = UnpaddedAttention._packed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(UnpaddedAttention, "_packed", lambda *a: calls.append(1) or real_forward(*a))
+        with accel.unpadding(True), fast_attention():
+            model(ids, attention_mask=real).sum().backward()
+            assert calls  # packed attention, eagerly
+            calls.clear()
+            with accel.compiled_layers(model):
+                assert not accel.unpadded._switch.on
+            assert accel.unpadded._switch.on
+            with accel.unpadding(False), accel.compiled_layers(model, enabled=False):
+                assert not accel.unpadded._switch.on
+                model(ids, attention_mask=real).sum().backward()
+            assert not calls
