@@ -269,7 +269,7 @@ def takes_packed(q: Tensor, longest: int) -> bool:
     """Whether :func:`packed_attention` can take packed q (T, H, d) rows whose sequences
     (and keys') are at most ``longest`` long: the kernel is on and built, not inside a compiled
     graph, a CPU float32 tensor, or bfloat16 where no AMX tiles would take it (the tile path
-    takes padded heads only, and is worth more than the padding it computes)."""
+    takes padded heads only)."""
     return (
         _switch.on
         and not torch.compiler.is_compiling()

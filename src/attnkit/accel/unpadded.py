@@ -47,7 +47,10 @@ from attnkit.attention import MultiHeadAttention
 from attnkit.layers import MoEFeedForward
 from attnkit.stacks import Decoder, Encoder
 
-__all__ = ["Unpadded", "UnpaddedAttention", "unpad_stacks", "unpadding"]
+__all__ = [
+    "Rows", "Unpadded", "UnpaddedAttention", "UnpaddedDecoder", "UnpaddedEncoder",
+    "unpad_stacks", "unpadding",
+]  # fmt: skip
 
 _switch = Switch("ATTNKIT_UNPAD")
 
@@ -114,7 +117,10 @@ class Rows:
     def of(cls, mask: Tensor | None, x: Tensor) -> Rows:
         """The real rows of x (B, N, D) by its key mask (B, 1, 1, N), True = real (None: all)."""
         b, n = x.shape[:2]
-        real = torch.ones(b, n, dtype=torch.bool) if mask is None else mask.reshape(b, n)
+        if mask is None:
+            real = torch.ones(b, n, dtype=torch.bool, device=x.device)
+        else:
+            real = mask.reshape(b, n)
         index = None if mask is None else real.reshape(b * n).nonzero().squeeze(1)
         return cls(index, b, n, Sequences.of(real))
 
