@@ -12,7 +12,7 @@ operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (i
 one. A mixture of experts routes tokens by their values (``nonzero``), so it runs eagerly
 between the compiled parts of its layer. Inside the block the stacks keep the padded batch
 (``accel.unpadding(False)``): a packed batch's token count changes from step to step, and the
-first change compiled every layer's graphs once more (about 35 s for the tiny test model on a
+first change compiled every layer's graphs once more (38 s for the tiny test model on a
 2-core CPU), for a gain of 1-2% a step at mt-small's shape.
 
 Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
