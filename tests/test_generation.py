@@ -261,10 +261,12 @@ def test_compiled_decoding_gives_the_same_tokens():
     # for both families, greedy, sampling, beam search and left-padded prompts; a second call
     # reuses the compiled code, and another model gets its own (a stale reuse would change
     # its tokens). On a CPU the weights are constants of the compiled step, so after they
-    # change (in place, or a parameter replaced) the step must be compiled again.
+    # change (in place, or a parameter replaced) the step must be compiled again. Each step
+    # is one graph: nothing in it (a mask or position check) makes Dynamo split it.
     from torch._dynamo.utils import counters
 
     compiled_frames = counters["frames"]["ok"]
+    graph_breaks = sum(counters["graph_break"].values())
     lm, other = make("decoder", "rope"), make("decoder", "rope", seed=1)
     prompts = torch.tensor([[0, 3, 4, 5], [6, 7, 8, 9]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
@@ -304,6 +306,7 @@ def test_compiled_decoding_gives_the_same_tokens():
     ties += greedy_ties(eager, mt.generate(sources, 10, compile=True), mt_logits_at)
     assert ties <= 1  # a near-tie is rare: at most one of the 10 greedy rows compared here
     assert counters["frames"]["ok"] >= compiled_frames + 3  # the steps really were compiled
+    assert sum(counters["graph_break"].values()) == graph_breaks, dict(counters["graph_break"])
 
 
 def test_compile_without_a_cxx_compiler_fails_clearly(monkeypatch):

@@ -57,8 +57,9 @@ def _positions(mask: Tensor | None, n: int, past: int, device: torch.device) -> 
 
 def _key_mask(mask: Tensor | None) -> Tensor | None:
     """(B, M) real-token mask -> (B, 1, 1, M) attention mask; None when nothing is padding (so
-    the fused kernel can take its fastest path)."""
-    if mask is None or bool(mask.all()):
+    the fused kernel can take its fastest path). Inside ``torch.compile`` the mask is kept as
+    it is: reading its values would split the compiled graph in two."""
+    if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
         return None
     return mask[:, None, None, :]
 

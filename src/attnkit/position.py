@@ -38,7 +38,9 @@ def _check_positions(owner: str, positions: Tensor, max_len: int | None = None) 
         raise TypeError(f"{owner}: positions must be a tensor, got {type(positions).__name__}")
     if positions.is_floating_point() or positions.dtype == torch.bool:
         raise TypeError(f"{owner}: positions must be integer ids, got dtype {positions.dtype}")
-    if max_len is None or positions.numel() == 0:
+    # Compiled decoding: generate checked the positions first, and reading them here would
+    # split the compiled graph in two.
+    if max_len is None or positions.numel() == 0 or torch.compiler.is_compiling():
         return
     low, high = int(positions.min()), int(positions.max())
     if low < 0:
