@@ -168,3 +168,29 @@ def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
         assert torch.equal(zt, zt_t)
         torch.testing.assert_close(mean, mean_t, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grad.float(), grad_t.float(), rtol=8e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("cache_bytes", "vocab", "rows"),
+    [
+        (0, 8192, 512),  # unknown: 16 MiB of float32 logits
+        (32 << 20, 8192, 512),  # a Zen 4 / Zen 5 L3: still 16 MiB
+        (107520 << 10, 8192, 1024),  # the Xeon's 105 MiB: half of it, down to a power of two
+        (32 << 20, 50257, 64),  # GPT-2's vocabulary: 83 rows, down to 64
+        (0, 100, 2048),  # never more than 2,048 rows
+        (0, 1 << 20, 64),  # nor fewer than 64
+    ],
+)
+def test_the_chunk_follows_the_last_level_cache(monkeypatch, cache_bytes, vocab, rows):
+    monkeypatch.setattr(lm_loss, "_last_level_cache", lambda: cache_bytes)
+    assert lm_loss._chunk_rows(vocab) == rows
+
+
+def test_the_last_level_cache_is_the_one_lscpu_reports():
+    # lscpu -B -C: one row per cache, ONE-SIZE in bytes; the last row is the last level
+    table = subprocess.run(["lscpu", "-B", "-C"], capture_output=True, text=True, check=True)
+    rows = [line.split() for line in table.stdout.splitlines()[1:] if line.strip()]
+    header = table.stdout.splitlines()[0].split()
+    level, size = header.index("LEVEL"), header.index("ONE-SIZE")
+    expected = int(max(rows, key=lambda row: int(row[level]))[size])
+    assert lm_loss._last_level_cache() == expected
