@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
 from attnkit import accel
@@ -255,3 +256,64 @@ def test_compiled_layers_keep_the_padded_batch():
                 assert not accel.unpadded._switch.on
                 model(ids, attention_mask=real).sum().backward()
             assert not calls
+
+
+class _CountCats(TorchDispatchMode):
+    """Counts the aten ``cat`` calls inside the block (autograd's backward ones too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cats = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.cats += func.overloadpacket is torch.ops.aten.cat
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("family", ["seq2seq", "decoder", "encoder"])
+def test_a_batch_without_padding_attends_as_packed_rows(family, norm, monkeypatch):
+    """No padding (no mask): attention runs as B packed sequences of N rows (M for the
+    source), with the plain model's loss and gradients, and its gradient comes back as one
+    (B N, 3, H, d) tensor (cross-attention's k and v as one): the backward joins no dq, dk and
+    dv (the plain model's split does, in every layer)."""
+    cfg = ak.ModelConfig.preset("tiny", dropout=0.0, norm=norm)
+    plain = build(family, cfg).train()
+    packed = accel.unpad_stacks(copy.deepcopy(plain))
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=gen)
+    packed_calls = []
+    original = UnpaddedAttention._packed
+
+    def spy(self, x, context, mask, causal):
+        packed_calls.append(("cross" if context is not None else "self", causal))
+        return original(self, x, context, mask, causal)
+
+    monkeypatch.setattr(UnpaddedAttention, "_packed", spy)
+    results, cats = [], []
+    for model in (plain, packed):
+        with fast_attention():
+            if family == "seq2seq":
+                loss = model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids)
+            elif family == "decoder":
+                loss = model.loss(ids[:, :-1], ids[:, 1:])
+            else:
+                loss = model(ids).logsumexp(-1).sum()
+        with _CountCats() as counter:
+            loss.backward()
+        cats.append(counter.cats)
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for name, w in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], w, rtol=1e-4, atol=1e-6, msg=name)
+    n = cfg.n_layers
+    assert (
+        packed_calls
+        == {  # each layer's attention, in the order they run
+            "encoder": [("self", False)] * n,
+            "decoder": [("self", True)] * n,
+            "seq2seq": [("self", False)] * n + [("self", True), ("cross", False)] * n,
+        }[family]
+    )
+    layers = n * (3 if family == "seq2seq" else 1)  # the splits of q, k, v (and of k, v)
+    assert cats[0] >= layers and cats[1] == 0, cats

@@ -26,7 +26,10 @@ rows, which changes no distribution.
 The stacks keep their padded forward where nothing is gained or something would change: no
 padding (the model passes no mask), a cache (decoding), attention weights asked for, and a
 mixture of experts (whose load-balancing loss counts the padded tokens too): ``unpad_stacks``
-leaves such a model as it is. ``unpadding(False)`` or ``ATTNKIT_UNPAD=0`` turns it off.
+leaves such a model as it is. Without padding, attention still takes the batch's B rows of N
+tokens as B packed sequences where the kernel applies: the same attention, and its gradient
+comes back in the projection's own layout, so the backward joins no dq, dk and dv (a ``cat``
+per layer). ``unpadding(False)`` or ``ATTNKIT_UNPAD=0`` turns it all off.
 """
 
 from __future__ import annotations
@@ -152,6 +155,8 @@ class UnpaddedAttention(MultiHeadAttention):
     when its ``mask`` is an :class:`Unpadded`; any other call is the plain module's."""
 
     def forward(self, x, context=None, *, mask=None, **options):
+        if mask is None and self._whole(x, context, options):
+            return self._packed_whole(x, context, options)
         if not isinstance(mask, Unpadded):
             return super().forward(x, context, mask=mask, **options)
         queries, cross = mask.queries, context is not None
@@ -175,10 +180,43 @@ class UnpaddedAttention(MultiHeadAttention):
         heads = out.transpose(1, 2).reshape(b, n, self.d_model)  # Concat(heads), (B, N, D)
         return self.out_proj(queries.gather(heads))  # (1, T, D)
 
-    def _packs(self, x: Tensor, mask: Unpadded) -> bool:
+    def _whole(self, x: Tensor, context: Tensor | None, options: dict) -> bool:
+        """Whether attention over a batch without padding (no mask) runs as packed sequences
+        of one length (:meth:`_packed_whole`): as :meth:`_packs` says, and not decoding (a
+        cache) or asked for its weights."""
+        keys = x if context is None else context
+        return (
+            _switch.on
+            and options.get("cache") is None
+            and not options.get("return_weights", False)
+            and x.dim() == keys.dim() == 3
+            and x.shape[0] == keys.shape[0]
+            and self._packs(x, max(x.shape[1], keys.shape[1]))
+        )
+
+    def _packed_whole(self, x: Tensor, context: Tensor | None, options: dict) -> Tensor:
+        """x (B, N, D) (context (B, M, D)) -> (B, N, D) by :meth:`_packed`, the batch's rows as
+        B packed sequences of N (and M) rows. The same attention as the padded layout's; the
+        kernel's gradient then comes back as one (B N, 3, H, d) tensor (cross-attention's k and
+        v as one (B M, 2, H, d)), where the padded layout's are joined by the split's backward
+        (a ``cat`` per layer, about 1% of an lm-small step)."""
+        self._check(x, context, None, options.get("positions"), options.get("context_positions"))
+        b, n, d = x.shape
+        keys = x if context is None else context
+        rows = Unpadded(Rows.of(None, x), Rows.of(None, keys), None)
+        context = None if context is None else context.reshape(1, -1, d)
+        out = self._packed(x.reshape(1, b * n, d), context, rows, options.get("is_causal", False))
+        return out.view(b, n, d)
+
+    def _packs(self, x: Tensor, mask: Unpadded | int) -> bool:
         """Whether attention can run on the packed rows themselves (``packed_attention``):
-        plain softmax attention, no dropout, as many key/value heads as query heads."""
-        longest = max(mask.queries.sequences.longest, mask.keys.sequences.longest)
+        plain softmax attention, no dropout, as many key/value heads as query heads. ``mask``:
+        the rows' :class:`Unpadded`, or the longest sequence's length."""
+        longest = (
+            mask
+            if isinstance(mask, int)
+            else max(mask.queries.sequences.longest, mask.keys.sequences.longest)
+        )
         return (
             self.attention == "full"
             and self.rope is None
