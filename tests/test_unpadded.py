@@ -221,17 +221,31 @@ def test_what_keeps_the_padded_forward():
             assert torch.equal(a, w)
 
 
-def test_bfloat16_autocast_steps_match():
+@pytest.mark.parametrize("tiles", [True, False])
+def test_bfloat16_autocast_steps_match(tiles, monkeypatch):
     """bfloat16 autocast: packed attention in float32 arithmetic, or the padded heads on AMX
-    tiles where the processor has them; against the padded model to bf16 rounding."""
+    tiles where the processor has them (the layers' input is float32 under autocast, the
+    rows attention gets are bf16: the choice follows the rows); against the padded model to
+    bf16 rounding, with and without padding."""
     cfg = ak.ModelConfig.preset("tiny", norm="post")
     padded = build("seq2seq", cfg).train()
     unpadded = accel.unpad_stacks(copy.deepcopy(padded))
-    losses = []
+    packed_calls = []
+    original = UnpaddedAttention._packed
+    monkeypatch.setattr(
+        UnpaddedAttention, "_packed", lambda *a: packed_calls.append(1) or original(*a)
+    )
+    ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(2))
     for model in (padded, unpadded):
         with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
-            losses.append(loss_of(model, "seq2seq", cfg).float())
-    torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=2e-2)
+            with accel.attention_tiles(tiles):
+                losses = [loss_of(model, "seq2seq", cfg).float()]
+                losses.append(model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids).float())
+        if model is padded:
+            want = losses
+    for got, expected in zip(losses, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    assert bool(packed_calls) == (not (tiles and accel.tiles_available()))
 
 
 def test_compiled_layers_keep_the_padded_batch():

@@ -269,13 +269,17 @@ def takes_packed(q: Tensor, longest: int) -> bool:
     """Whether :func:`packed_attention` can take packed q (T, H, d) rows whose sequences
     (and keys') are at most ``longest`` long: the kernel is on and built, not inside a compiled
     graph, a CPU float32 tensor, or bfloat16 where no AMX tiles would take it (the tile path
-    takes padded heads only)."""
+    takes padded heads only). ``q`` may also be the projection's input: under autocast the
+    rows will come out in autocast's dtype, and that is the one checked."""
+    dtype = q.dtype
+    if torch.is_autocast_enabled(q.device.type) and dtype.is_floating_point:
+        dtype = torch.get_autocast_dtype(q.device.type)
     return (
         _switch.on
         and not torch.compiler.is_compiling()
         and q.device.type == "cpu"
         and kernel() is not None
-        and (q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and not _tiled()))
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and not _tiled()))
         and -(-longest // 4) * 4 * (-(-longest // 32) * 32) <= _MAX_SCRATCH
     )
 
