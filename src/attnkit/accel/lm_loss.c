@@ -8,17 +8,21 @@
  * smoothing. The logits are float32 or bfloat16 (the dtype of the product that made them);
  * all arithmetic is float32 and g is written back in the logits' dtype, rounded to nearest
  * even as torch rounds. torch's own operators do the same work in six to eight passes over the
- * chunk (max, gather, softmax, gather, scale, scatter, and under autocast two casts).
+ * chunk (max, gather, softmax, gather, scale, scatter, and under autocast two casts). With the
+ * gradient, the second pass keeps exp(z_j - m) (over the float32 row itself, or in a float32
+ * row per thread for bfloat16) and the third scales it: one exp per value, not two.
  *
  * Built at first use by cbuild.py (-O3 -march=native -fopenmp); exp is fastmath.h's
  * polynomial, so that gcc can vectorise every loop without a vector maths library.
  */
+#include <stdlib.h>
+
 #include "fastmath.h"
 
 /* One row in float32 (f32 != 0) or bfloat16: writes lse, z_t, the mean (if mean != 0) and,
  * if grad, g over the row. */
 static void row(int f32, void *z, int vocab, int64_t target, float w, float eps, int grad,
-                float *lse, float *z_t, float *mean) {
+                float *lse, float *z_t, float *mean, float *e) {
     float *zf = (float *)z;
     uint16_t *zh = (uint16_t *)z;
     float m = -INFINITY, total = 0.0f;
@@ -29,15 +33,21 @@ static void row(int f32, void *z, int vocab, int64_t target, float w, float eps,
 #pragma omp simd reduction(max : m) reduction(+ : total)
         for (int j = 0; j < vocab; j++) { float v = bf16_load(zh[j]); m = v > m ? v : m; total += v; }
     }
+    float z_target = f32 ? zf[target] : bf16_load(zh[target]);
     float s = 0.0f;
-    if (f32) {
+    if (grad && f32) { /* keep exp(z_j - m) over the row itself: the gradient's pass scales it */
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < vocab; j++) { zf[j] = exp_neg(zf[j] - m); s += zf[j]; }
+    } else if (grad) { /* ... in e (float32: rounding it to bf16 would round g twice) */
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < vocab; j++) { e[j] = exp_neg(bf16_load(zh[j]) - m); s += e[j]; }
+    } else if (f32) {
 #pragma omp simd reduction(+ : s)
         for (int j = 0; j < vocab; j++) s += exp_neg(zf[j] - m);
     } else {
 #pragma omp simd reduction(+ : s)
         for (int j = 0; j < vocab; j++) s += exp_neg(bf16_load(zh[j]) - m);
     }
-    float z_target = f32 ? zf[target] : bf16_load(zh[target]);
     *lse = m + logf(s);
     *z_t = z_target;
     if (mean) *mean = total / (float)vocab;
@@ -47,18 +57,19 @@ static void row(int f32, void *z, int vocab, int64_t target, float w, float eps,
     float g_target = w * (exp_neg(z_target - m) / s - eps / (float)vocab - (1.0f - eps));
     if (f32) {
 #pragma omp simd
-        for (int j = 0; j < vocab; j++) zf[j] = fmaf(exp_neg(zf[j] - m), scale, -shift);
+        for (int j = 0; j < vocab; j++) zf[j] = fmaf(zf[j], scale, -shift);
         zf[target] = g_target;
     } else {
 #pragma omp simd
-        for (int j = 0; j < vocab; j++) zh[j] = bf16_store(fmaf(exp_neg(bf16_load(zh[j]) - m), scale, -shift));
+        for (int j = 0; j < vocab; j++) zh[j] = bf16_store(fmaf(e[j], scale, -shift));
         zh[target] = bf16_store(g_target);
     }
 }
 
 /* rows x vocab logits (contiguous; dtype 0 float32, 1 bfloat16), each row's target id (in
  * [0, vocab)) and weight; per row out: lse, z_target, mean (mean may be NULL). grad != 0
- * overwrites the logits with dL/dz. Returns 0, or -1 for a bad argument. */
+ * overwrites the logits with dL/dz. Returns 0, -1 for a bad argument, or -2 where a thread's
+ * float32 row (bfloat16 gradients) could not be allocated. */
 int lm_loss_rows(int dtype, void *logits, int rows, int vocab, const int64_t *targets,
                  const float *weights, float eps, int grad, float *lse, float *z_target,
                  float *mean, int threads) {
@@ -66,11 +77,23 @@ int lm_loss_rows(int dtype, void *logits, int rows, int vocab, const int64_t *ta
     for (int r = 0; r < rows; r++)
         if (targets[r] < 0 || targets[r] >= vocab) return -1;
     size_t width = (size_t)vocab * (dtype == 0 ? 4 : 2);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int r = 0; r < rows; r++)
-        row(dtype == 0, (char *)logits + (size_t)r * width, vocab, targets[r], weights[r], eps,
-            grad, lse + r, z_target + r, mean ? mean + r : 0);
-    return 0;
+    /* bfloat16 gradients: each thread's row of exp values in float32 */
+    int need = grad && dtype == 1, failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *e = need ? malloc((size_t)vocab * sizeof(float)) : 0;
+        if (need && !e) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++)
+            if (!need || e)
+                row(dtype == 0, (char *)logits + (size_t)r * width, vocab, targets[r],
+                    weights[r], eps, grad, lse + r, z_target + r, mean ? mean + r : 0, e);
+        free(e);
+    }
+    return failed ? -2 : 0;
 }
 
 /* acc += x over n floats, x bfloat16: a chunk's bf16 part of dL/dW added to the float32 sum

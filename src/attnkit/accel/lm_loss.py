@@ -105,6 +105,8 @@ def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_me
             z_target.data_ptr(), None if z_mean is None else z_mean.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip
+    if status == -2:
+        raise MemoryError(f"lm_loss_rows: no memory for a row of {logits.shape[1]} floats")
     if status != 0:
         raise RuntimeError("lm_loss_rows: a target id outside the vocabulary")
     return True
