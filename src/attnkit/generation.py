@@ -107,8 +107,7 @@ def lm_stepper(model, *, compile: bool = False, device: torch.device | None = No
 
 def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
     """A Transformer decoder's logits (B, V) after ``tokens``, as :func:`_lm_step`: the lean
-    ``decoder_states`` (``generate`` and ``encode`` did ``decode``'s checks; ``src_mask`` is
-    bool), the LM head on the last position only."""
+    ``decoder_states`` (``generate`` and ``encode`` did ``decode``'s checks), the LM head."""
     hidden = model.decoder_states(tokens, memory, src_mask, None, cache, False)[0]
     return model.lm_head(hidden[:, -1])
 
