@@ -403,6 +403,10 @@ class Transformer(_Model):
         are computed once per source. ``options`` (do_sample, temperature, top_k, top_p,
         num_beams, length_penalty, eos_id, use_cache, seed, on_token, compile) as in
         :func:`attnkit.generation.generate`."""
+        if "attention_mask" in options:  # DecoderLM.generate's name for its mask
+            raise TypeError(
+                "Transformer.generate takes the source's mask as src_mask=, not attention_mask="
+            )
         return generate(self, src_ids, max_new_tokens, attention_mask=src_mask, **options)
 
 
