@@ -127,7 +127,7 @@ GENERATION_CASES = [
     ("prompt mask", lambda: gen_lm.generate(prompt, 2, attention_mask=torch.ones(1, 2, dtype=torch.bool)), ValueError, "attention_mask"),
     ("not a generator", lambda: ak.generation.generate(enc, ids, 2), TypeError, "generate needs a DecoderLM or a Transformer"),
     ("unknown option", lambda: gen_lm.generate(prompt, 2, beams=2), TypeError, "beams"),
-    ("source mask by the LM's name", lambda: gen_mt.generate(prompt, 2, attention_mask=torch.ones(1, 3)), TypeError, "src_mask=, not attention_mask="),
+    ("source mask by the LM's name", lambda: gen_mt.generate(prompt, 2, attention_mask=torch.ones(1, 3)), TypeError, "pass the source.s mask as src_mask="),
 ]  # fmt: skip
 
 

@@ -56,9 +56,8 @@ def _positions(mask: Tensor | None, n: int, past: int, device: torch.device) -> 
 
 
 def _key_mask(mask: Tensor | None) -> Tensor | None:
-    """(B, M) real-token mask -> (B, 1, 1, M) attention mask; None when nothing is padding (so
-    the fused kernel can take its fastest path). Inside ``torch.compile`` the mask is kept as
-    it is: reading its values would split the compiled graph in two."""
+    """(B, M) real-token mask -> (B, 1, 1, M) attention mask; None when nothing is padding (the
+    fused kernel's fastest path), except in ``torch.compile``: reading it would split the graph."""
     if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
         return None
     return mask[:, None, None, :]
@@ -400,13 +399,10 @@ class Transformer(_Model):
     def generate(self, src_ids: Tensor, max_new_tokens: int, *, src_mask=None, **options):
         """Translate: target tokens (B, 1 + T), BOS first, each row filled with pad_id after its
         EOS. The encoder runs once; with the cache each layer's cross-attention keys and values
-        are computed once per source. ``options`` (do_sample, temperature, top_k, top_p,
-        num_beams, length_penalty, eos_id, use_cache, seed, on_token, compile) as in
+        are computed once per source. ``options`` (do_sample, num_beams, compile, ...) as in
         :func:`attnkit.generation.generate`."""
         if "attention_mask" in options:  # DecoderLM.generate's name for its mask
-            raise TypeError(
-                "Transformer.generate takes the source's mask as src_mask=, not attention_mask="
-            )
+            raise TypeError("Transformer.generate: pass the source's mask as src_mask=")
         return generate(self, src_ids, max_new_tokens, attention_mask=src_mask, **options)
 
 
