@@ -58,7 +58,7 @@ def _last_level_cache() -> int:
 def _chunk_rows(vocab_size: int) -> int:
     """Rows per chunk: float32 logits of 16 MiB, or of half the last-level cache where that is
     more, in a power of two of rows (512 for V = 8192 under a 32 MiB cache, 1,024 under the
-    105 MiB of the Xeon in bench/README.md, where the larger chunks made a step 2-4% faster):
+    105 MiB of the Xeon in bench/README.md, where they made a step 2-8% faster):
     they stay in the cache, in few enough chunks that the per-chunk work costs little."""
     values = max(1 << 22, _last_level_cache() // 8)  # float32 values in 16 MiB, or LLC / 2
     rows = max(64, min(2048, values // vocab_size))

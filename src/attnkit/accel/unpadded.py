@@ -160,7 +160,7 @@ class UnpaddedAttention(MultiHeadAttention):
         if not isinstance(mask, Unpadded):
             return super().forward(x, context, mask=mask, **options)
         queries, cross = mask.queries, context is not None
-        if self._packs(x, mask):
+        if self._packs(x, max(queries.sequences.longest, mask.keys.sequences.longest)):
             return self._packed(x, context, mask, options.get("is_causal", False))
         if cross:  # (B, H, N, d) and twice (B, H_kv, M, d), zeros at the padding
             q, k, v = self.heads(
@@ -208,15 +208,10 @@ class UnpaddedAttention(MultiHeadAttention):
         out = self._packed(x.reshape(1, b * n, d), context, rows, options.get("is_causal", False))
         return out.view(b, n, d)
 
-    def _packs(self, x: Tensor, mask: Unpadded | int) -> bool:
-        """Whether attention can run on the packed rows themselves (``packed_attention``):
-        plain softmax attention, no dropout, as many key/value heads as query heads. ``mask``:
-        the rows' :class:`Unpadded`, or the longest sequence's length."""
-        longest = (
-            mask
-            if isinstance(mask, int)
-            else max(mask.queries.sequences.longest, mask.keys.sequences.longest)
-        )
+    def _packs(self, x: Tensor, longest: int) -> bool:
+        """Whether attention can run on the packed rows themselves (``packed_attention``),
+        sequences of at most ``longest`` queries and keys: plain softmax attention, no dropout,
+        as many key/value heads as query heads."""
         return (
             self.attention == "full"
             and self.rope is None
