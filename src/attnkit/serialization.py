@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
@@ -37,6 +39,7 @@ __all__ = [
     "load_attnkit",
     "read_config",
     "save_pretrained",
+    "skip_init",
     "write_pretrained",
 ]
 
@@ -109,7 +112,8 @@ def load_attnkit(path: Path, data: dict[str, Any], prepare=None) -> nn.Module:
         cfg = ModelConfig.from_dict(data.get("config"))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
-    model = FAMILIES[name].from_meta(cfg, meta)
+    with skip_init():  # every weight is read below (a missing one is an error)
+        model = FAMILIES[name].from_meta(cfg, meta)
     if prepare is not None:
         prepare(model)
     weights = path / WEIGHTS_FILE
@@ -125,3 +129,25 @@ def load_attnkit(path: Path, data: dict[str, Any], prepare=None) -> nn.Module:
             f"unexpected {sorted(unexpected)[:5]}"
         )
     return model.eval()
+
+
+@contextmanager
+def skip_init():
+    """Build modules inside this block without drawing their random initial weights.
+
+    A model about to receive loaded weights would spend over a second (SmolLM2-135M, 2 cores)
+    filling 135M parameters with random numbers that ``load_state_dict`` then overwrites.
+    ``torch.nn.init``'s fill functions (which ``nn.Linear``, ``nn.Embedding`` and attnkit's
+    ``init_weights`` call) leave the tensor as it is inside the block; everything else a
+    constructor computes (RoPE's frequencies, say) is computed as usual. Not thread-safe: the
+    functions are swapped module-wide for the duration.
+    """
+    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "trunc_normal_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)

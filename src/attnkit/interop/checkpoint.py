@@ -19,7 +19,6 @@ is a ValueError naming the file and the tensor, never a silently wrong model.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from attnkit.files import read_json
+from attnkit.serialization import skip_init
 
 __all__ = [
     "INDEX_FILE",
@@ -184,25 +184,3 @@ def read_hf_weights(directory: str | Path) -> Tensors:
             "(pickle files can run code when loaded); convert them to safetensors"
         )
     raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} (and no {INDEX_FILE})")
-
-
-@contextmanager
-def skip_init():
-    """Build modules inside this block without drawing their random initial weights.
-
-    A model about to receive loaded weights would spend over a second (SmolLM2-135M, 2 cores)
-    filling 135M parameters with random numbers that ``load_state_dict`` then overwrites.
-    ``torch.nn.init``'s fill functions (which ``nn.Linear``, ``nn.Embedding`` and attnkit's
-    ``init_weights`` call) leave the tensor as it is inside the block; everything else a
-    constructor computes (RoPE's frequencies, say) is computed as usual. Not thread-safe: the
-    functions are swapped module-wide for the duration.
-    """
-    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "trunc_normal_")
-    saved = {name: getattr(torch.nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)

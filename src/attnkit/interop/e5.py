@@ -143,9 +143,10 @@ def _dequantize_q4_0(raw: bytes, count: int) -> np.ndarray:
     return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_0).reshape(-1)[:count]
 
 
-def read_e5(path: str | os.PathLike[str]) -> E5File:
-    """Parse an e5 file, every tensor dequantized to float32. A bad magic, a truncated file or
-    a tensor that does not fit is a ValueError naming the file and the part."""
+def read_e5(path: str | os.PathLike[str], *, weights: bool = True) -> E5File:
+    """Parse an e5 file, every tensor dequantized to float32 (``weights=False``: the tensors are
+    checked but not read, for the tokenizer alone). A bad magic, a truncated file or a tensor
+    that does not fit is a ValueError naming the file and the part."""
     path = Path(path)
     data = path.read_bytes()
     source = str(path)
@@ -204,6 +205,8 @@ def read_e5(path: str | os.PathLike[str]) -> E5File:
                 f"values, {nbytes:,} bytes at offset {offset:,}) does not fit the "
                 f"{len(data):,}-byte file"
             )
+        if not weights:
+            continue
         raw = data[offset : offset + nbytes]
         values = (
             np.frombuffer(raw, dtype="<f4") if dtype == F32 else _dequantize_q4_0(raw, elements)
@@ -345,7 +348,7 @@ def e5_tokenizer(path: str | os.PathLike[str] | E5File):
 
     from attnkit.interop.tokenizer import PretrainedTokenizer
 
-    e5 = path if isinstance(path, E5File) else read_e5(path)
+    e5 = path if isinstance(path, E5File) else read_e5(path, weights=False)
     source = "e5 file" if isinstance(path, E5File) else str(path)
     special = e5.special
     model = models.Unigram(list(zip(e5.pieces, e5.scores, strict=True)), special["unk"], False)
