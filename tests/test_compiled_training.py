@@ -2,10 +2,7 @@
 gradients as eager steps in every family and attention variant, an exact resume, DDP on 2
 processes following 1 process, and clear refusals."""
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +13,7 @@ from attnkit import accel
 from attnkit.accel import compiled_training
 from attnkit.cli import main
 from attnkit.training import TrainConfig
-from test_distributed import SHAKESPEARE, train_losses, weights
+from test_distributed import SHAKESPEARE, torchrun, train_losses, weights
 from test_distributed import tiny as distributed_tiny
 
 pytestmark = pytest.mark.skipif(
@@ -164,16 +161,8 @@ def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(t
 
     # the same run compiled on 2 processes (DDP through torchrun; 3 rows each, one micro-batch)
     ddp = tmp_path / "ddp"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    command = [sys.executable, "-m", "attnkit.cli", "train", SHAKESPEARE, "--out", str(ddp)]
-    done = subprocess.run(
-        [*command, "--nproc", "2", "--compile", *tiny(6, **{"train.accumulate": 1})],
-        env={**env, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    micro = tiny(6, **{"train.accumulate": 1})
+    done = torchrun(SHAKESPEARE, "--out", str(ddp), "--compile", *micro, timeout=300)
     assert "2 processes (ddp)" in done.stdout and "compiled layers" in done.stdout
     assert "compiled the layers: step 1 took" in done.stdout
     two = train_losses(ddp)

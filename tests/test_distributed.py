@@ -138,6 +138,25 @@ def test_torchrun_env(monkeypatch):
         torchrun_env()
 
 
+def test_nproc_runs_the_same_command_under_torchrun(monkeypatch, capsys):
+    # `attnkit train ... --nproc N` hands every option on to torchrun's workers (the runs
+    # below go through it end to end once; this checks each option without a launch).
+    launched = []
+
+    def run(command, check):
+        launched.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    options = ["--set", "train.steps=3", "--out", "o", "--init", "w", "--resume", "--quiet"]
+    options += ["--precision", "bf16", "--compile", "--strategy", "fsdp"]
+    assert main(["train", SHAKESPEARE, "--nproc", "3", *options]) == 0
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--nproc-per-node", "3", "-m", "attnkit.train", SHAKESPEARE]
+    assert launched == [launcher + options]
+    assert capsys.readouterr().out == ""  # --quiet: not even the torchrun line
+
+
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
     """One process, global batch 7: 10 steps (a copy is kept: "at-10"), then resumed to 20.

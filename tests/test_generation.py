@@ -263,10 +263,18 @@ def test_compiled_decoding_gives_the_same_tokens():
     # its tokens). On a CPU the weights are constants of the compiled step, so after they
     # change in place the step must be compiled again (which changes to the weights count is
     # test_changed_weights_drop_the_compiled_steps' part). Each step is one graph: nothing in
-    # it (a mask or position check) makes Dynamo split it. One layer per stack: each compile
-    # costs CI 10-30 s, and a second layer would run the same code again.
+    # it (a mask or position check) makes Dynamo split it. One layer per stack, and no
+    # autotuning (test_compiled_steps_autotune_unless_turned_off has that): each compile costs
+    # CI 10-30 s (twice that with autotuning on an empty cache).
     from torch._dynamo.utils import counters
 
+    from attnkit.accel import autotuning
+
+    with autotuning(False):
+        _compiled_decoding_gives_the_same_tokens(counters)
+
+
+def _compiled_decoding_gives_the_same_tokens(counters):
     compiled_frames = counters["frames"]["ok"]
     graph_breaks = sum(counters["graph_break"].values())
     lm, other = make("decoder", "rope", n_layers=1), make("decoder", "rope", seed=1, n_layers=1)
@@ -304,6 +312,25 @@ def test_compiled_decoding_gives_the_same_tokens():
     assert ties <= 1  # a near-tie is rare: at most one of the 9 greedy rows compared here
     assert counters["frames"]["ok"] >= compiled_frames + 3  # the steps really were compiled
     assert sum(counters["graph_break"].values()) == graph_breaks, dict(counters["graph_break"])
+
+
+def test_compiled_steps_autotune_unless_turned_off(monkeypatch):
+    # On a CPU the step is compiled with the weights frozen in and, unless autotuning is off,
+    # with max_autotune over Inductor's C++ GEMM and torch's; each setting has its own step.
+    from attnkit.accel import autotuning, compiled
+
+    made = []
+    monkeypatch.setattr(compiled, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", lambda step, **kw: made.append(kw) or (lambda: step))
+    step, cpu = (lambda: None), torch.device("cpu")
+    first = compiled.compiled_step(step, cpu)
+    assert compiled.compiled_step(step, cpu) is first and len(made) == 1  # made once
+    with autotuning(False):
+        assert compiled.compiled_step(step, cpu) is not first
+    assert made[0]["dynamic"] and made[0]["options"]["freezing"]
+    assert made[0]["options"]["max_autotune"]
+    assert made[0]["options"]["max_autotune_gemm_backends"] == "CPP,ATEN"
+    assert made[1]["options"]["freezing"] and "max_autotune" not in made[1]["options"]
 
 
 def test_changed_weights_drop_the_compiled_steps(monkeypatch):

@@ -25,7 +25,8 @@ processor: measure before relying on one).
     decoding.py   one-row (decoding) products over weights laid out as (in, out) rows:
                   ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
     compiled.py   the cached decoding step through torch.compile, weights frozen into it:
-                  ``compiled_step(step, device)``, ``with frozen_weights(model):``
+                  ``compiled_step(step, device)``, ``with frozen_weights(model):`` (CPU
+                  autotuning off: ``autotuning(False)`` or ``ATTNKIT_AUTOTUNE=0``)
     compiled_training.py  a training step whose Transformer layers run through torch.compile
                   (the products still in oneDNN): ``with compiled_layers(model):``
     memory.py     glibc's malloc keeps freed blocks in the process instead of handing them
@@ -58,7 +59,7 @@ from attnkit.accel.attention import (
     fast_attention,
     tiles_available,
 )
-from attnkit.accel.compiled import compiled_step, frozen_weights
+from attnkit.accel.compiled import autotuning, compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
@@ -83,6 +84,7 @@ __all__ = [
     "apply",
     "attention_kernel",
     "attention_tiles",
+    "autotuning",
     "check_compiler",
     "compiled_layers",
     "compiled_step",

@@ -6,7 +6,9 @@ weights become constants of the compiled step (Inductor's *freezing*), which let
 each weight matrix for its own C++ matrix kernel and keep that kernel where it measures faster
 than torch's (``max_autotune``). The first call for a model compiles (a C++ compiler is
 needed; bench/README.md gives the time it took); later calls reuse it.
-``generate(..., compile=True)`` uses both.
+``generate(..., compile=True)`` uses both. Autotuning builds and times several kernels for
+each product, which doubles the first compile on an empty Inductor cache;
+``ATTNKIT_AUTOTUNE=0`` (or ``with autotuning(False):``) compiles without it, with torch's GEMM.
 
 Because the compiled step holds its own packed copy of the weights, :func:`frozen_weights`
 checks the weights on every call: if any parameter or buffer was changed since the step was
@@ -30,10 +32,18 @@ from contextlib import contextmanager
 import torch
 
 from attnkit.accel.packed import packed_kernel, register_operator
+from attnkit.accel.switch import Switch
 
-__all__ = ["compiled_step", "frozen_weights"]
+__all__ = ["autotuning", "compiled_step", "frozen_weights"]
 
-_COMPILED: dict[tuple[Callable, str], Callable] = {}
+_COMPILED: dict[tuple[Callable, str, bool], Callable] = {}
+_autotune = Switch("ATTNKIT_AUTOTUNE")
+
+
+def autotuning(enabled: bool):
+    """Inside the block, CPU steps compiled from then on use ``max_autotune`` (``enabled``) or
+    not; steps already compiled keep what they were made with."""
+    return _autotune(enabled)
 
 
 def _guard_filter(entries) -> list[bool]:
@@ -49,9 +59,9 @@ def _guard_filter(entries) -> list[bool]:
 
 
 def compiled_step(step: Callable, device: torch.device) -> Callable:
-    """``torch.compile(step, dynamic=True)``, made once per process and device type (Dynamo
-    keeps the compiled code per model and per kind of input, so later ``generate`` calls reuse
-    it)."""
+    """``torch.compile(step, dynamic=True)``, made once per process, device type and
+    autotuning setting (Dynamo keeps the compiled code per model and per kind of input, so
+    later ``generate`` calls reuse it)."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         raise RuntimeError(
             "compile=True: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
@@ -59,14 +69,15 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
         )
     if device.type == "cpu" and packed_kernel() is not None:
         register_operator()  # packed layers (GGUF weights) stay one call each
-    key = (step, device.type)
+    key = (step, device.type, _autotune.on)
     if key not in _COMPILED:
         options = {"guard_filter_fn": _guard_filter}
         if device.type == "cpu":
-            # The weights as constants (see frozen_weights), packed for Inductor's C++ matrix
-            # kernel where autotuning measures it faster than torch's GEMM (ATen).
+            options["freezing"] = True  # the weights as constants (see frozen_weights)
+        if device.type == "cpu" and _autotune.on:
+            # packed for Inductor's C++ matrix kernel where autotuning measures it faster than
+            # torch's GEMM (ATen)
             options |= {
-                "freezing": True,
                 "max_autotune": True,
                 "max_autotune_gemm_backends": "CPP,ATEN",
                 "autotune_num_choices_displayed": 0,  # no timing tables on stderr
