@@ -36,7 +36,6 @@ import functools
 import os
 import re
 import unicodedata
-from html.parser import HTMLParser
 from pathlib import Path
 
 from attnkit.data.corpora import CorpusNotFoundError, PathLike
@@ -75,11 +74,11 @@ def normalize_key(text: str) -> str:
     return "".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
-class _Paragraphs(HTMLParser):
-    """Collects the text of each ``<p>`` / ``<h1-6>`` whose id is ``par_id...`` or ``hd_id...``."""
+class _Paragraphs:
+    """Collects the text of each ``<p>`` / ``<h1-6>`` whose id is ``par_id...`` or ``hd_id...``:
+    the events of lxml's HTML parser (libxml2, which decodes the entities) as a parser target."""
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)  # entities are decoded by the parser
         self.found: dict[str, str] = {}
         self._id: str | None = None
         self._text: list[str] = []
@@ -89,34 +88,35 @@ class _Paragraphs(HTMLParser):
             self.found.setdefault(self._id, " ".join("".join(self._text).split()))
         self._id, self._text = None, []
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def start(self, tag: str, attrs) -> None:
         if tag in _BREAKS:
             self._finish()
-            element_id = dict(attrs).get("id") or ""
+            element_id = attrs.get("id") or ""
             if tag in _TEXT_BLOCKS and _ALIGNED_ID.match(element_id):
                 self._id = element_id
         elif tag == "br":
             self._text.append(" ")
 
-    def handle_endtag(self, tag: str) -> None:
+    def end(self, tag: str) -> None:
         if tag in _BREAKS:
             self._finish()
 
-    def handle_data(self, data: str) -> None:
+    def data(self, data: str) -> None:
         if self._id is not None:
             self._text.append(data)
 
-    def close(self) -> None:
-        super().close()
+    def close(self) -> dict[str, str]:
         self._finish()
+        return self.found
 
 
 def help_paragraphs(html: str) -> dict[str, str]:
     """``{element id: plain text}`` for the aligned paragraphs and headings of one help page."""
-    parser = _Paragraphs()
+    from lxml import etree  # libxml2's parser: 3.4x Python's html.parser on these pages
+
+    parser = etree.HTMLParser(target=_Paragraphs())
     parser.feed(html)
-    parser.close()
-    return parser.found
+    return parser.close()
 
 
 def default_help_path() -> Path:
