@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attnkit as ak
+from attnkit.accel import autotuning
 from attnkit.generation import beam_search, sample_next
 from ties import greedy_ties, lm_logits_at
 
@@ -256,6 +257,7 @@ def test_generate_restores_training_mode():
 
 @pytest.mark.slow
 @pytest.mark.needs("g++")
+@autotuning(False)
 def test_compiled_decoding_gives_the_same_tokens():
     # compile=True runs each cached step through torch.compile: the tokens must not change,
     # for both families, greedy, sampling, beam search and left-padded prompts; a second call
@@ -268,13 +270,6 @@ def test_compiled_decoding_gives_the_same_tokens():
     # CI 10-30 s (twice that with autotuning on an empty cache).
     from torch._dynamo.utils import counters
 
-    from attnkit.accel import autotuning
-
-    with autotuning(False):
-        _compiled_decoding_gives_the_same_tokens(counters)
-
-
-def _compiled_decoding_gives_the_same_tokens(counters):
     compiled_frames = counters["frames"]["ok"]
     graph_breaks = sum(counters["graph_break"].values())
     lm, other = make("decoder", "rope", n_layers=1), make("decoder", "rope", seed=1, n_layers=1)
@@ -317,7 +312,7 @@ def _compiled_decoding_gives_the_same_tokens(counters):
 def test_compiled_steps_autotune_unless_turned_off(monkeypatch):
     # On a CPU the step is compiled with the weights frozen in and, unless autotuning is off,
     # with max_autotune over Inductor's C++ GEMM and torch's; each setting has its own step.
-    from attnkit.accel import autotuning, compiled
+    from attnkit.accel import compiled
 
     made = []
     monkeypatch.setattr(compiled, "_COMPILED", {})
