@@ -20,7 +20,9 @@ fused), so the ratios compare the models, not the optimizers. All candidates run
 interleaved step by step (round r times one step of each, starting one candidate further on
 each round; lm-small's float32 and bf16 candidates share their rounds, mt-small's have their
 own), so a load change on this shared machine hits them alike; warm-up steps are excluded and
-each figure is the median over rounds.
+each figure is the median over rounds. Beside each ratio the report prints the median and the
+quartiles of its per-round ratios (the reference's step over attnkit's in the same round): how
+far one round strays here, which says how far a ratio near its target can be trusted.
 
 Model FLOPs utilisation (MFU) of lm-small::
 
@@ -535,6 +537,7 @@ def run(suites: list[str], repeats: int, warmup: int, adamw: str) -> dict:
         results["mt_padding"] = mt_padding()
         results["mt"] = {c.name: _row(c) for c in cands}
     results["ratios"] = ratios(results, peaks)
+    results["spreads"] = spreads(results)
     return results
 
 
@@ -593,6 +596,40 @@ def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def round_ratios(ours: dict, ref: dict) -> list[float]:
+    """The ratio of one round: the reference's step time over attnkit's in the same round (both
+    ran one step each round, one after the other), one value per timed round."""
+    return [r / o for o, r in zip(ours["times_s"], ref["times_s"], strict=True)]
+
+
+def spreads(results: dict) -> dict[str, list[float]]:
+    """For each attnkit / reference row of :func:`ratios` (and the two bf16 rows): the lower
+    quartile, the median and the upper quartile of its per-round ratios (:func:`round_ratios`),
+    which show how far a single round can be from the ratio on this machine."""
+    out: dict[str, list[float]] = {}
+    for name in results["ratios"]:
+        label, _, pair = name.partition(": ")
+        ours, _, ref = pair.partition(" / ")
+        precision = label.rpartition(" ")[2]
+        table = results.get(label.partition(" ")[0].removesuffix("-small"), {})
+        ours = "attnkit logits" if ours == "attnkit (logits)" else ours
+        a, b = table.get(f"{ours} {precision}"), table.get(f"{ref} {precision}")
+        if a is not None and b is not None and len(a["times_s"]) >= 4:
+            out[name] = statistics.quantiles(round_ratios(a, b), n=4)
+    lm, products = results.get("lm", {}), results.get("products", {})
+    fp32, bf16 = products.get("lm-small products fp32"), products.get("lm-small products bf16")
+    for ours in ("attnkit", "attnkit compiled"):
+        name = f"lm-small: ({ours} bf16 / fp32) / (products bf16 / fp32)"
+        steps = lm.get(f"{ours} bf16"), lm.get(f"{ours} fp32")
+        if name in results["ratios"] and fp32 and bf16 and None not in steps:
+            # one round: the step's bf16 gain over the products' bf16 gain in that round
+            each = [
+                s / p for s, p in zip(round_ratios(*steps), round_ratios(bf16, fp32), strict=True)
+            ]
+            out[name] = statistics.quantiles(each, n=4)
+    return out
+
+
 def cpu_description() -> str:
     """The processor as lscpu names it: model name, family and model (from /proc/cpuinfo), so
     figures from different CPUs are never read as if they were comparable."""
@@ -645,13 +682,19 @@ def print_report(results: dict) -> None:
     if "lm_flops_per_token" in results:
         flops = results["lm_flops_per_token"]
         print(f"\nlm-small model FLOPs per token (6 P + 12 L D T): {flops:,.0f}")
-    print(f"\n{'ratios (> 1: attnkit faster)':<68} {'value':>8} {'target':>7}")
+    spread = results.get("spreads", {})
+    print(f"\n{'ratios (> 1: attnkit faster)':<68} {'value':>8} {'rounds':>17} {'target':>7}")
     for name, value in results["ratios"].items():
         text = f"{value:.1%}" if "MFU" in name else f"{value:.2f}x"
+        rounds = "{1:.2f} ({0:.2f}-{2:.2f})".format(*spread[name]) if name in spread else ""
         target = TARGETS.get(name)
         goal = "" if target is None else (f"{target:.0%}" if "MFU" in name else f"{target:.2f}x")
         mark = "" if target is None else ("  met" if value >= target else "  NOT met")
-        print(f"  {name:<66} {text:>8} {goal:>7}{mark}")
+        print(f"  {name:<66} {text:>8} {rounds:>17} {goal:>7}{mark}")
+    print(
+        "\nvalue: the ratio of the medians; rounds: the median (quartiles) of the per-round "
+        "ratios, one step of each candidate a round"
+    )
 
 
 def main() -> None:

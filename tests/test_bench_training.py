@@ -1,0 +1,57 @@
+"""bench/training.py's report: the per-round spread printed beside each ratio pairs the steps of
+one round, and the bf16 row divides the step's gain by the products' gain round by round."""
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "bench_training", Path(__file__).parents[1] / "bench" / "training.py"
+)
+training = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = training  # dataclasses look their module up there
+SPEC.loader.exec_module(training)
+
+
+def row(times):
+    return {"per_s": 1.0 / statistics.median(times), "times_s": times}
+
+
+def test_the_spread_pairs_the_steps_of_one_round():
+    # attnkit is twice as fast as GPT-2 in every round, while the machine speed varies 5x: the
+    # ratio of each round is 2, although the times themselves spread widely
+    ours = [0.3, 0.1, 0.5, 0.2, 0.4]
+    results = {"lm": {"attnkit fp32": row(ours), "HF GPT-2 fp32": row([2 * t for t in ours])}}
+    results["ratios"] = training.ratios(results, {})
+    assert results["ratios"]["lm-small fp32: attnkit / HF GPT-2"] == pytest.approx(2.0)
+    spread = training.spreads(results)
+    assert spread["lm-small fp32: attnkit / HF GPT-2"] == pytest.approx([2.0, 2.0, 2.0])
+
+
+def test_the_spread_shows_rounds_that_disagree():
+    ours = [1.0] * 8
+    gpt2 = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
+    results = {"mt": {"attnkit fp32": row(ours), "torch.nn.Transformer fp32": row(gpt2)}}
+    results["ratios"] = training.ratios(results, {})
+    low, mid, high = training.spreads(results)["mt-small fp32: attnkit / torch.nn.Transformer"]
+    assert low < results["ratios"]["mt-small fp32: attnkit / torch.nn.Transformer"] < high
+    assert (low, mid, high) == pytest.approx(statistics.quantiles(gpt2, n=4))
+
+
+def test_the_bf16_spread_divides_gains_of_the_same_round():
+    # round by round the step gains 2x from bf16 and the products 2.5x: 0.8 in every round
+    fp32 = [1.0, 2.0, 3.0, 4.0]
+    results = {
+        "lm": {"attnkit fp32": row(fp32), "attnkit bf16": row([t / 2 for t in fp32])},
+        "products": {
+            "lm-small products fp32": row(fp32),
+            "lm-small products bf16": row([t / 2.5 for t in fp32]),
+        },
+    }
+    results["ratios"] = training.ratios(results, {})
+    name = "lm-small: (attnkit bf16 / fp32) / (products bf16 / fp32)"
+    assert results["ratios"][name] == pytest.approx(0.8)
+    assert training.spreads(results)[name] == pytest.approx([0.8, 0.8, 0.8])
