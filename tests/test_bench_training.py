@@ -4,6 +4,7 @@ one round, and the bf16 row divides the step's gain by the products' gain round 
 import importlib.util
 import statistics
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ SPEC = importlib.util.spec_from_file_location(
 )
 training = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = training  # dataclasses look their module up there
-SPEC.loader.exec_module(training)
+with warnings.catch_warnings():  # x-transformers, imported there, calls torch.jit.script
+    warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+    SPEC.loader.exec_module(training)
 
 
 def row(times):
