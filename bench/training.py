@@ -551,22 +551,8 @@ def _row(c: Candidate) -> dict:
 def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
     """The comparisons the issue asks for, attnkit / reference (> 1: attnkit faster), for
     attnkit's training loss and, in the "(logits)" rows, for its logits + F.cross_entropy."""
-    out: dict[str, float] = {}
-    lm, mt = results.get("lm", {}), results.get("mt", {})
-
-    def compare(table, ours, ref, precision, label):
-        if f"{ours} {precision}" in table and f"{ref} {precision}" in table:
-            ratio = table[f"{ours} {precision}"]["per_s"] / table[f"{ref} {precision}"]["per_s"]
-            name = "attnkit (logits)" if ours == "attnkit logits" else ours
-            out[f"{label} {precision}: {name} / {ref}"] = ratio
-
-    for ours in (*VARIANTS, "attnkit logits"):
-        for precision in ("fp32", "bf16"):
-            for ref in ("HF GPT-2", "x-transformers"):
-                compare(lm, ours, ref, precision, "lm-small")
-        for ref in ("torch.nn.Transformer", "HF BART"):
-            compare(mt, ours, ref, "fp32", "mt-small")
-    compare(mt, "attnkit", PADDED, "fp32", "mt-small")  # what skipping the padding is worth
+    out = {name: ours["per_s"] / ref["per_s"] for name, ours, ref in comparisons(results)}
+    lm = results.get("lm", {})
     products = results.get("products", {})
     gpt2 = lm.get("HF GPT-2 fp32", {}).get("per_s")
     for name in ("lm-small products fp32", "lm-small products fp32 no oneDNN"):
@@ -596,6 +582,29 @@ def ratios(results: dict, peaks: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def comparisons(results: dict):
+    """(name, attnkit's row, the reference's row) for each attnkit / reference pair timed:
+    attnkit's training loss and, in the "(logits)" rows, its logits + F.cross_entropy."""
+    lm, mt = results.get("lm", {}), results.get("mt", {})
+
+    def pair(table, ours, ref, precision, label):
+        if f"{ours} {precision}" in table and f"{ref} {precision}" in table:
+            name = "attnkit (logits)" if ours == "attnkit logits" else ours
+            yield (
+                f"{label} {precision}: {name} / {ref}",
+                table[f"{ours} {precision}"],
+                table[f"{ref} {precision}"],
+            )
+
+    for ours in (*VARIANTS, "attnkit logits"):
+        for precision in ("fp32", "bf16"):
+            for ref in ("HF GPT-2", "x-transformers"):
+                yield from pair(lm, ours, ref, precision, "lm-small")
+        for ref in ("torch.nn.Transformer", "HF BART"):
+            yield from pair(mt, ours, ref, "fp32", "mt-small")
+    yield from pair(mt, "attnkit", PADDED, "fp32", "mt-small")  # what unpadding is worth
+
+
 def round_ratios(ours: dict, ref: dict) -> list[float]:
     """The ratio of one round: the reference's step time over attnkit's in the same round (both
     ran one step each round, one after the other), one value per timed round."""
@@ -603,19 +612,15 @@ def round_ratios(ours: dict, ref: dict) -> list[float]:
 
 
 def spreads(results: dict) -> dict[str, list[float]]:
-    """For each attnkit / reference row of :func:`ratios` (and the two bf16 rows): the lower
-    quartile, the median and the upper quartile of its per-round ratios (:func:`round_ratios`),
-    which show how far a single round can be from the ratio on this machine."""
-    out: dict[str, list[float]] = {}
-    for name in results["ratios"]:
-        label, _, pair = name.partition(": ")
-        ours, _, ref = pair.partition(" / ")
-        precision = label.rpartition(" ")[2]
-        table = results.get(label.partition(" ")[0].removesuffix("-small"), {})
-        ours = "attnkit logits" if ours == "attnkit (logits)" else ours
-        a, b = table.get(f"{ours} {precision}"), table.get(f"{ref} {precision}")
-        if a is not None and b is not None and len(a["times_s"]) >= 4:
-            out[name] = statistics.quantiles(round_ratios(a, b), n=4)
+    """For each attnkit / reference pair (:func:`comparisons`) and the two bf16 rows of
+    :func:`ratios`: the lower quartile, the median and the upper quartile of its per-round
+    ratios (:func:`round_ratios`), which show how far a single round can be from the ratio on
+    this machine."""
+    out = {
+        name: statistics.quantiles(round_ratios(ours, ref), n=4)
+        for name, ours, ref in comparisons(results)
+        if len(ours["times_s"]) >= 4
+    }
     lm, products = results.get("lm", {}), results.get("products", {})
     fp32, bf16 = products.get("lm-small products fp32"), products.get("lm-small products bf16")
     for ours in ("attnkit", "attnkit compiled"):
