@@ -41,6 +41,11 @@ also oneDNN's matmul on the same matrices (the best float32 GEMM this torch buil
 By default the process keeps glibc's default malloc, as a user of the references runs them;
 attnkit's trainer keeps freed memory (``accel.keep_freed_memory``), which ``bench/memory.py``
 measures on its own and ``--keep-memory`` applies to every candidate here.
+
+The report opens with the processor (lscpu's model name, family and model) and how fast a tensor
+copy moves memory at the run's thread count, 1 MiB (inside the caches) and 64 MiB (beyond
+them): figures from machines that differ in either are not comparable, and two cloud machines
+that report the same processor can differ in the second.
 """
 
 from __future__ import annotations
@@ -649,8 +654,29 @@ def cpu_description() -> str:
     return f"{name}, {os.cpu_count()} CPU(s)"
 
 
+def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
+    """Bytes read and written per second by a float32 tensor copy of each size (torch's threads;
+    the median of several copies): how fast this machine moves data inside its caches and
+    beyond them. Machines that report the same processor (cloud machines) can differ here, and
+    the step's work outside the products follows it (bench/README.md)."""
+    rates = {}
+    for mib in sizes_mib:
+        src = torch.ones(mib << 18)  # mib MiB of float32
+        dst = torch.empty_like(src)
+        times = []
+        for _ in range(max(6, 256 // mib)):
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+        rates[f"{mib} MiB"] = 2 * src.nbytes / statistics.median(times[1:])
+    return rates
+
+
 def print_report(results: dict) -> None:
     print(f"\nCPU: {results.get('cpu', 'not recorded')}")
+    if rates := results.get("memory"):
+        each = ", ".join(f"{rate / 1e9:.1f} GB/s in {size}" for size, rate in rates.items())
+        print(f"memory: a tensor copy reads and writes {each} ({results['threads']} threads)")
     if choice := results.get("onednn"):
         print(accel.onednn.describe_choice(choice))
     memory = "freed memory kept" if results.get("keep_memory") else "glibc's default malloc"
@@ -723,6 +749,7 @@ def main() -> None:
         raise SystemExit("--keep-memory: glibc's malloc is not in use here")
     results = run(args.suite.split(","), args.repeats, args.warmup, args.adamw)
     results["cpu"] = cpu_description()
+    results["memory"] = memory_rates()
     results["onednn"] = accel.onednn_choice()
     results["keep_memory"] = args.keep_memory
     print_report(results)

@@ -58,3 +58,13 @@ def test_the_bf16_spread_divides_gains_of_the_same_round():
     name = "lm-small: (attnkit bf16 / fp32) / (products bf16 / fp32)"
     assert results["ratios"][name] == pytest.approx(0.8)
     assert training.spreads(results)[name] == pytest.approx([0.8, 0.8, 0.8])
+
+
+def test_the_report_prints_how_fast_memory_moves(capsys):
+    rates = training.memory_rates((1, 2))
+    assert set(rates) == {"1 MiB", "2 MiB"} and all(rate > 1e8 for rate in rates.values())
+    training.print_report(
+        {"threads": 2, "repeats": 1, "adamw": "fused", "ratios": {}, "memory": rates}
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory:"))
+    assert "GB/s in 1 MiB" in line and "GB/s in 2 MiB" in line and "(2 threads)" in line
