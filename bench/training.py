@@ -658,7 +658,7 @@ def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
     """Bytes read and written per second by a float32 tensor copy of each size (torch's threads;
     the median of several copies): how fast this machine moves data inside its caches and
     beyond them. Machines that report the same processor (cloud machines) can differ here, and
-    the step's work outside the products follows it (bench/README.md)."""
+    much of a step's work outside its products reads and writes memory (bench/README.md)."""
     rates = {}
     for mib in sizes_mib:
         src = torch.ones(mib << 18)  # mib MiB of float32
