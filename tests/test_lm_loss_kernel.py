@@ -96,7 +96,7 @@ def test_bf16_loss_and_gradients_match_autocast_logits_and_cross_entropy(
 ):
     """Under autocast the reference makes bfloat16 logits, takes the cross-entropy in float32
     and sends a bfloat16 gradient into the products: the fused loss does the same. In chunks
-    of 64 rows, dL/dW is summed from five bfloat16 parts (the kernel's add_bf16, or torch)."""
+    of 64 rows, dL/dW is summed from five bfloat16 parts (the kernel's transpose_add, or torch)."""
     if chunk is not None:
         monkeypatch.setattr(lm_loss, "_chunk_rows", lambda vocab: chunk)
     torch.manual_seed(0)
@@ -119,6 +119,25 @@ def test_bf16_loss_and_gradients_match_autocast_logits_and_cross_entropy(
         # five parts each rounded to bfloat16, against one rounding of the whole product
         atol = 1e-5 if chunk is None else 4e-5
         torch.testing.assert_close(weight.grad, want[1], rtol=2e-2, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8192, 256), (37, 50), (16, 3)])
+def test_the_transposed_add_equals_torchs(shape, dtype):
+    """dL/dW's chunks come as (D, V) parts and are summed in W's (V, D) layout: the C kernel's
+    sum (whole 16 x 16 blocks and the ragged edges) is torch's to the bit, and so is its
+    first part, turned and widened to float32."""
+    torch.manual_seed(0)
+    rows, cols = shape
+    parts = [torch.randn(cols, rows).to(dtype) for _ in range(2)]
+    for kernel in (True, False):
+        with loss_kernels(kernel):
+            first = lm_loss._add_transposed(None, parts[0])
+            assert first.dtype == torch.float32 and first.is_contiguous()
+            assert torch.equal(first, parts[0].t().float())
+            total = lm_loss._add_transposed(first, parts[1])
+        assert total is first  # summed in place
+        assert torch.equal(total, parts[0].t().float() + parts[1].t().float())
 
 
 def test_int32_targets_give_the_int64_loss():

@@ -75,8 +75,10 @@ def row_kernel():
             ctypes.c_void_p, ctypes.c_float, ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int,
         ]  # fmt: skip
         kernel.lm_loss_rows.restype = ctypes.c_int
-        kernel.add_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        kernel.add_bf16.restype = None
+        kernel.transpose_add.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 5,
+        ]  # fmt: skip
+        kernel.transpose_add.restype = None
     return kernel
 
 
@@ -112,19 +114,30 @@ def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_me
     return True
 
 
-def _accumulate(total: Tensor, part: Tensor) -> Tensor:
-    """total += part (float32 total): by ``lm_loss.c`` for a bf16 part on the CPU (torch's
-    mixed-dtype add first copies the part to float32), else by torch."""
+def _add_transposed(total: Tensor | None, part: Tensor) -> Tensor:
+    """total + part^T (a new tensor where total is None), summed in float32 or wider: a chunk's
+    (D, V) part of dL/dW added to the (V, D) sum. By ``lm_loss.c`` on the CPU (torch's add of
+    a transposed view runs ten times slower), else by torch."""
+    wide = torch.promote_types(part.dtype, torch.float32) if total is None else total.dtype
     kernel = row_kernel() if _switch.on else None
     if (
         kernel is None
-        or part.dtype != torch.bfloat16
-        or total.device.type != "cpu"
-        or not (total.is_contiguous() and part.is_contiguous() and total.shape == part.shape)
+        or part.device.type != "cpu"
+        or part.dtype not in _DTYPE_CODES
+        or wide != torch.float32
+        or not part.is_contiguous()
         or torch.compiler.is_compiling()
     ):
-        return total.add_(part)
-    kernel.add_bf16(total.data_ptr(), part.data_ptr(), total.numel(), torch.get_num_threads())
+        turned = part.t().to(wide)
+        return turned.contiguous() if total is None else total.add_(turned)
+    add = total is not None
+    if total is None:
+        total = part.new_empty(part.shape[::-1], dtype=torch.float32)
+    rows, cols = total.shape
+    kernel.transpose_add(
+        total.data_ptr(), part.data_ptr(), _DTYPE_CODES[part.dtype], rows, cols, int(add),
+        torch.get_num_threads(),
+    )  # fmt: skip
     return total
 
 
@@ -203,13 +216,15 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     z_target = torch.empty(n, 1, device=device)  # the target's logit
     z_mean = torch.empty(n, 1, device=device) if smoothing else None
     grad_h_chunks, grad_w = [], None  # dL/dhidden per chunk; dL/dW summed in float32
+    grad_wt = None  # float32 (or wider): dL/dW^T (D, V), summed over the chunks
     step = _chunk_rows(weight.shape[0])
     with torch.autocast(device.type, enabled=False):
-        # Whether oneDNN forms the products (float32 only). dL/dW's layout: oneDNN runs the
-        # product as (D, V) = h^T g a third faster than as (V, D) = g^T h, so that sum is
-        # transposed once at the end; torch's own GEMM (MKL) runs (V, D) a tenth faster and
-        # adds each chunk inside the product (addmm_), and bf16 runs both alike: those sums
-        # stay in W's own layout.
+        # Whether oneDNN forms the products (float32 only). dL/dW's layout: every product
+        # here runs dL/dW^T = h^T g, (D, V), faster than g^T h, (V, D) (oneDNN a third
+        # faster, MKL and bf16 a twentieth to a quarter: bench/README.md); float32 sums the
+        # chunks in that layout (MKL inside the product, addmm_) and turns the sum to W's own
+        # layout once at the end; bf16 adds each chunk's part, turned, to a float32 sum
+        # (_add_transposed: torch's add of a transposed view is ten times slower).
         onednn = use_onednn(h_all, w, None)
         # Where torch's product forms them, every chunk's logits go into one scratch tensor,
         # kept between calls on the CPU: a fresh 16 MiB tensor was fresh pages from the kernel
@@ -230,26 +245,27 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
                 continue
             g = g.to(dtype)
             grad_h_chunks.append(mm_t(g, w.t()))  # (c, D)
-            if onednn:  # (D, V)
+            if onednn:  # dL/dW^T = h^T g, (D, V), summed over the chunks
                 part = mm_t(h.t(), g.t())
-                grad_w = part if grad_w is None else grad_w.add_(part)
-            elif dtype == torch.float32:  # (V, D), summed by the product itself
-                grad_w = g.t() @ h if grad_w is None else grad_w.addmm_(g.t(), h)
-            else:  # (V, D) in bf16, summed in float32
-                part = mm_t(g.t(), h.t())
-                grad_w = part.float() if grad_w is None else _accumulate(grad_w, part)
+                grad_wt = part if grad_wt is None else grad_wt.add_(part)
+            elif dtype.itemsize >= 4:  # the same, summed by the product itself
+                grad_wt = h.t() @ g if grad_wt is None else grad_wt.addmm_(h.t(), g)
+            else:  # bf16: each chunk's (D, V) part added, turned, to the float32 (V, D) sum
+                grad_w = _add_transposed(grad_w, h.t().contiguous() @ g)
     loss = lse - z_target  # -log p(y)
     if smoothing:  # eps times the cross-entropy against the uniform distribution
         loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
     loss = (loss * row_weight).sum()
     if not with_grads:
         return loss, None, None
+    if grad_wt is not None:  # to W's own layout (V, D)
+        grad_w = _add_transposed(None, grad_wt)
     if grad_w is None:  # no rows at all
         return loss, torch.zeros_like(hidden), torch.zeros_like(weight)
     grad_h = torch.cat(grad_h_chunks).to(hidden.dtype)
     # in W's own layout (contiguous), a tied embedding's gradient adds to it in place and
     # autograd keeps it as .grad; a transposed view cost an add and a copy more
-    grad_w = (grad_w.t().contiguous() if onednn else grad_w).to(weight.dtype)
+    grad_w = grad_w.to(weight.dtype)
     return loss, grad_h, grad_w
 
 
