@@ -134,7 +134,7 @@ class Rows:
 
     def scatter(self, rows: Tensor) -> Tensor:
         """(1, T, C) -> (B, N, C): the rows back in place, zeros at the padding."""
-        flat = rows[0]
+        flat = rows.squeeze(0)
         if self.index is not None:
             flat = _Scatter.apply(flat, self.index, self.batch * self.length)
         return flat.view(self.batch, self.length, flat.shape[-1])
@@ -224,12 +224,14 @@ class UnpaddedAttention(MultiHeadAttention):
     def _packed(self, x: Tensor, context: Tensor | None, mask: Unpadded, causal: bool):
         """Attention over packed rows: x (1, T, D) (context (1, T_src, D)) -> (1, T, D)."""
         heads, queries = (self.n_heads, self.d_head), mask.queries.sequences
+        # squeeze(0), not x[0]: a view whose gradient is one too, where indexing's backward
+        # writes the gradient into a new zero-filled (1, T, D) tensor, two passes a layer
         if context is None:  # [Q, K, V]: (T, 3, H, d)
-            qkv = self.in_proj(x[0]).unflatten(-1, (3, *heads))
+            qkv = self.in_proj(x.squeeze(0)).unflatten(-1, (3, *heads))
             out = packed_self_attention(qkv, queries, causal=causal)  # (T, H, d)
         else:
-            q = self._project_q(x[0]).unflatten(-1, heads)  # (T, H, d)
-            kv = self._project_kv(context[0]).unflatten(-1, (2, *heads))  # (T_src, 2, H, d)
+            q = self._project_q(x.squeeze(0)).unflatten(-1, heads)  # (T, H, d)
+            kv = self._project_kv(context.squeeze(0)).unflatten(-1, (2, *heads))  # (T_src, 2, H, d)
             out = packed_attention(q, kv, queries, mask.keys.sequences, causal=causal)
         return self.out_proj(out.flatten(1))[None]  # Concat(heads) W^O, (1, T, D)
 
