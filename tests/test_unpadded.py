@@ -4,11 +4,13 @@ over lengths, holes, heads and widths), and every family's loss and gradients wi
 unpadded against the same model padded, on the packed kernel and on the scatter path."""
 
 import copy
+import shutil
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
@@ -248,28 +250,45 @@ def test_bfloat16_autocast_steps_match(tiles, monkeypatch):
     assert bool(packed_calls) == (not (tiles and accel.tiles_available()))
 
 
-def test_compiled_layers_keep_the_padded_batch():
-    """Inside ``compiled_layers`` the stacks run padded (a packed batch's changing token count
-    would compile the layers again); outside, unpadded again, and ``ATTNKIT_UNPAD=0``'s
-    choice is kept."""
+@pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="torch.compile on a CPU needs a C++ compiler",
+)
+def test_compiled_layers_attend_over_the_real_rows_and_compile_once(monkeypatch):
+    """Inside ``compiled_layers`` the stacks still skip the padding: the layers take the real
+    rows, attention over them runs eagerly between the compiled parts (on the packed kernel),
+    loss and gradients are the eager step's, and a batch of other lengths (another number of
+    real rows) runs the same compiled code: nothing compiles again."""
     cfg = ak.ModelConfig.preset("tiny")
     model = accel.apply(build("encoder", cfg))
-    ids, real = batch(cfg)
     calls = []
     real_forward = UnpaddedAttention._packed
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(UnpaddedAttention, "_packed", lambda *a: calls.append(1) or real_forward(*a))
-        with accel.unpadding(True), fast_attention():
-            model(ids, attention_mask=real).sum().backward()
-            assert calls  # packed attention, eagerly
-            calls.clear()
-            with accel.compiled_layers(model):
-                assert not accel.unpadded._switch.on
-            assert accel.unpadded._switch.on
-            with accel.unpadding(False), accel.compiled_layers(model, enabled=False):
-                assert not accel.unpadded._switch.on
-                model(ids, attention_mask=real).sum().backward()
-            assert not calls
+    monkeypatch.setattr(
+        UnpaddedAttention, "_packed", lambda *a: calls.append(1) or real_forward(*a)
+    )
+    want_loss, want = grads_of(model, "encoder", cfg)
+    calls.clear()
+
+    def compiled_step(ids, real):
+        model.zero_grad()
+        with fast_attention(), accel.compiled_layers(model):
+            loss = torch.nn.functional.cross_entropy(
+                model(ids, attention_mask=real), torch.tensor([0, 1, 0])
+            )
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ids, real = batch(cfg)
+    loss, got = compiled_step(ids, real)
+    assert len(calls) == cfg.n_layers  # packed attention in every layer
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    graphs = dict(counters["stats"])
+    other = real.clone()
+    other[0, -4:] = False  # four real rows fewer
+    compiled_step(ids.masked_fill(~other, cfg.pad_id), other)
+    assert dict(counters["stats"]) == graphs  # no new graph for the new row count
 
 
 class _CountCats(TorchDispatchMode):

@@ -10,10 +10,13 @@ products stay in oneDNN (inside :func:`attnkit.accel.onednn_products`, as the re
 operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (inside
 :func:`attnkit.accel.fast_attention`, as ``torch.ops.attnkit.attention``) or torch's fused
 one. A mixture of experts routes tokens by their values (``nonzero``), so it runs eagerly
-between the compiled parts of its layer. Inside the block the stacks keep the padded batch
-(``accel.unpadding(False)``): a packed batch's token count changes from step to step, and the
-first change compiled every layer's graphs once more (38 s for the tiny test model on a
-2-core CPU), for a gain of 1-2% a step at mt-small's shape.
+between the compiled parts of its layer. The unpadded stacks (``accel.unpad_stacks``) keep
+skipping a padded batch's padding: their layers take the real rows, (1, T, D), and attention
+over those packed rows runs eagerly between the layer's compiled parts (a graph break), where
+attnkit's kernel takes them as they lie. T changes from batch to batch, so it is marked
+dynamic: one compile serves every batch. (Before, the stacks ran the padded batch inside the
+block, and mt-small's compiled step took the padded stacks' time, 1.14x the eager unpadded
+one: bench/README.md.)
 
 Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
 traces one layer, and the compiled code serves all of them (the weights are its inputs, not
@@ -31,14 +34,14 @@ from __future__ import annotations
 
 import shutil
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from attnkit.accel.attention import register_operator as register_attention
 from attnkit.accel.onednn import register_operator
-from attnkit.accel.unpadded import unpadding
+from attnkit.accel.unpadded import Unpadded
 from attnkit.layers import DecoderLayer, EncoderLayer, MoEFeedForward
 
 __all__ = ["compiled_layers", "transformer_layers"]
@@ -70,6 +73,23 @@ def check_compiler(enabled: bool = True, *, sharded: bool = False) -> None:
         )
 
 
+def _rows_any_length(compiled):
+    """``compiled`` called with the packed rows' count marked dynamic: an unpadded stack
+    (``accel.unpad_stacks``) hands its layers x (1, T, D) (and memory (1, T_src, D)), T the
+    batch's real tokens, which changes from batch to batch; one graph for any T, where Dynamo
+    would compile for the first T and again, shape-generic, at the second."""
+
+    def forward(x, *args, **kwargs):
+        masks = (kwargs.get("mask"), kwargs.get("self_mask"), kwargs.get("memory_mask"))
+        if any(isinstance(m, Unpadded) for m in masks):
+            for rows in (x, args[0] if args else kwargs.get("memory")):
+                if isinstance(rows, torch.Tensor):
+                    torch._dynamo.maybe_mark_dynamic(rows, 1)
+        return compiled(x, *args, **kwargs)
+
+    return forward
+
+
 @contextmanager
 def compiled_layers(model: nn.Module, enabled: bool = True):
     """Inside the block, each Transformer layer of ``model`` runs a compiled ``forward``
@@ -86,7 +106,7 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
     for layer in layers:
         compiled = _COMPILED.get(layer)
         if compiled is None:
-            compiled = _COMPILED[layer] = torch.compile(layer.forward)
+            compiled = _COMPILED[layer] = _rows_any_length(torch.compile(layer.forward))
         layer.forward = compiled  # an instance attribute: nn.Module.__call__ calls it
     try:
         # The partitioner may recompute views in the backward. Without that, a ReLU whose
@@ -96,8 +116,7 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
         # to 0.94x (bench/README.md).
         import torch._functorch.config as functorch_config
 
-        padded = unpadding(False) if layers else nullcontext()
-        with functorch_config.patch(recompute_views=bool(layers)), padded:
+        with functorch_config.patch(recompute_views=bool(layers)):
             yield
     finally:
         for module in layers + experts:

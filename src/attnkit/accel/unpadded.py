@@ -12,9 +12,10 @@ that
    another (``accel.attention.packed_attention``: the C kernel reads each sequence's rows
    where they lie, and a decoder's causal mask counts positions within its sequence). Where
    the kernel does not apply (RoPE, ALiBi, window or linear attention, grouped key/value
-   heads, dropout on the weights, the kernel off, inside a compiled graph), attention scatters
-   q, k and v into the padded (B, H, N, d) layout (zeros at the padding), attends with the
-   batch's mask as before, and gathers its output's real rows again;
+   heads, dropout on the weights, the kernel off), attention scatters q, k and v into the
+   padded (B, H, N, d) layout (zeros at the padding), attends with the batch's mask as
+   before, and gathers its output's real rows again. Inside compiled layers
+   (``accel.compiled_layers``) attention runs eagerly between the compiled parts;
 3. scatters the last layer's rows back into (B, N, D), zeros at the padding.
 
 This is the "unpadding" of BERT implementations and FlashAttention's variable-length kernels.
@@ -155,6 +156,8 @@ class UnpaddedAttention(MultiHeadAttention):
     when its ``mask`` is an :class:`Unpadded`; any other call is the plain module's."""
 
     def forward(self, x, context=None, *, mask=None, **options):
+        if isinstance(mask, Unpadded) and torch.compiler.is_compiling():
+            return _eager_attention(self, x, context, mask=mask, **options)
         if mask is None and self._whole(x, context, options):
             return self._packed_whole(x, context, options)
         if not isinstance(mask, Unpadded):
@@ -234,6 +237,18 @@ class UnpaddedAttention(MultiHeadAttention):
             kv = self._project_kv(context.squeeze(0)).unflatten(-1, (2, *heads))  # (T_src, 2, H, d)
             out = packed_attention(q, kv, queries, mask.keys.sequences, causal=causal)
         return self.out_proj(out.flatten(1))[None]  # Concat(heads) W^O, (1, T, D)
+
+
+@torch.compiler.disable
+def _eager_attention(module: UnpaddedAttention, x, context=None, **options):
+    """``module(x, context, **options)`` run eagerly: inside a compiled layer
+    (``accel.compiled_layers``), attention over packed rows runs between the layer's compiled
+    parts (a graph break), where the kernel takes the rows as they lie. The output's row
+    count is marked dynamic, as the layer's input is (``compiled_layers``), so that the rest
+    of the layer compiles once for any number of rows."""
+    out = module.forward(x, context, **options)  # (1, T, D)
+    torch._dynamo.maybe_mark_dynamic(out, 1)
+    return out
 
 
 class UnpaddedEncoder(Encoder):
