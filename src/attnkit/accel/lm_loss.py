@@ -128,8 +128,9 @@ def _add_transposed(total: Tensor | None, part: Tensor) -> Tensor:
         or not part.is_contiguous()
         or torch.compiler.is_compiling()
     ):
-        turned = part.t().to(wide)
-        return turned.contiguous() if total is None else total.add_(turned)
+        if total is None:  # a new tensor: part may be scratch memory (_scratch)
+            return part.new_empty(part.shape[::-1], dtype=wide).copy_(part.t())
+        return total.add_(part.t())
     add = total is not None
     if total is None:
         total = part.new_empty(part.shape[::-1], dtype=torch.float32)
@@ -161,22 +162,27 @@ def _rows_torch(logits, targets, weights, smoothing, with_grads, lse, z_target, 
     return g
 
 
-_kept = threading.local()  # per thread: dtype -> the CPU scratch tensor for logits
+_kept = threading.local()  # per thread: (use, dtype) -> a CPU scratch tensor
 
 
-def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """An uninitialised (rows, V) tensor for one chunk's logits. On the CPU the same memory
-    serves every call of this thread (one tensor per dtype, the chunk's size: 16 MiB or more),
-    so that the logits never land on fresh pages; elsewhere a new tensor (the device's own
-    allocator keeps freed blocks)."""
+def _scratch(
+    shape: tuple[int, int], dtype: torch.dtype, device: torch.device, use: str = "logits"
+) -> Tensor:
+    """An uninitialised tensor of ``shape`` for one chunk's logits (``use="logits"``) or for
+    a chunk's bf16 part of dL/dW^T (``"part"``), which never leave :func:`_chunked`. On the
+    CPU the same memory serves every call of this thread (one tensor per use and dtype, as
+    large as the largest asked for: 4-64 MiB for lm-small), so that these never land on fresh
+    pages
+    (thousands of page faults each, about 1.5 us apiece on the Xeon in bench/README.md);
+    elsewhere a new tensor (the device's own allocator keeps freed blocks)."""
     numel = shape[0] * shape[1]
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
     kept = _kept.__dict__.setdefault("tensors", {})
-    tensor = kept.get(dtype)
+    tensor = kept.get((use, dtype))
     if tensor is None or tensor.numel() < numel:
         with torch.inference_mode(False):  # a normal tensor, writable in and out of the mode
-            tensor = kept[dtype] = torch.empty(numel, dtype=dtype, device=device)
+            tensor = kept[use, dtype] = torch.empty(numel, dtype=dtype, device=device)
     return tensor[:numel].view(shape)
 
 
@@ -216,15 +222,18 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     z_target = torch.empty(n, 1, device=device)  # the target's logit
     z_mean = torch.empty(n, 1, device=device) if smoothing else None
     grad_h_chunks, grad_w = [], None  # dL/dhidden per chunk; dL/dW summed in float32
-    grad_wt = None  # float32 (or wider): dL/dW^T (D, V), summed over the chunks
+    grad_wt = None  # oneDNN: dL/dW^T (D, V), summed over the chunks
     step = _chunk_rows(weight.shape[0])
+
     with torch.autocast(device.type, enabled=False):
-        # Whether oneDNN forms the products (float32 only). dL/dW's layout: every product
-        # here runs dL/dW^T = h^T g, (D, V), faster than g^T h, (V, D) (oneDNN a third
-        # faster, MKL and bf16 a twentieth to a quarter: bench/README.md); float32 sums the
-        # chunks in that layout (MKL inside the product, addmm_) and turns the sum to W's own
-        # layout once at the end; bf16 adds each chunk's part, turned, to a float32 sum
-        # (_add_transposed: torch's add of a transposed view is ten times slower).
+        # Whether oneDNN forms the products (float32 only). dL/dW's layout: oneDNN runs the
+        # product as (D, V) = h^T g a third faster than as (V, D) = g^T h, so that sum is
+        # turned to W's own layout once at the end; bf16 products too run (D, V) faster
+        # (a chunk's whole loss and gradients 1.08x), and each chunk's part is added, turned,
+        # to a float32 (V, D) sum (_add_transposed: torch's add of a transposed view is ten
+        # times slower); torch's float32 GEMM (MKL) gains nothing from it (0.98x), so it runs
+        # (V, D) and adds each chunk inside the product (addmm_). bench/README.md has the
+        # figures.
         onednn = use_onednn(h_all, w, None)
         # Where torch's product forms them, every chunk's logits go into one scratch tensor,
         # kept between calls on the CPU: a fresh 16 MiB tensor was fresh pages from the kernel
@@ -248,10 +257,15 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
             if onednn:  # dL/dW^T = h^T g, (D, V), summed over the chunks
                 part = mm_t(h.t(), g.t())
                 grad_wt = part if grad_wt is None else grad_wt.add_(part)
-            elif dtype.itemsize >= 4:  # the same, summed by the product itself
-                grad_wt = h.t() @ g if grad_wt is None else grad_wt.addmm_(h.t(), g)
+            elif dtype.itemsize >= 4:  # (V, D) = g^T h, summed by the product itself
+                grad_w = g.t() @ h if grad_w is None else grad_w.addmm_(g.t(), h)
             else:  # bf16: each chunk's (D, V) part added, turned, to the float32 (V, D) sum
-                grad_w = _add_transposed(grad_w, h.t().contiguous() @ g)
+                out = (
+                    None
+                    if torch.compiler.is_compiling()
+                    else _scratch(w.shape[::-1], dtype, device, "part")
+                )
+                grad_w = _add_transposed(grad_w, torch.mm(h.t().contiguous(), g, out=out))
     loss = lse - z_target  # -log p(y)
     if smoothing:  # eps times the cross-entropy against the uniform distribution
         loss = (1 - smoothing) * loss + smoothing * (lse - z_mean)
