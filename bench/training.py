@@ -17,8 +17,8 @@ Two fixed configurations (bench/README.md lists every size):
 A training step is forward, cross-entropy over the vocabulary, backward, and an AdamW step; every
 implementation gets the same loss code and the same optimizer settings (``--adamw``, default
 fused), so the ratios compare the models, not the optimizers. All candidates run in one process,
-interleaved step by step (round r times one step of each, starting one candidate further on
-each round; lm-small's float32 and bf16 candidates share their rounds, mt-small's have their
+interleaved step by step (round r times one step of each, in a new shuffled order each
+round; lm-small's float32 and bf16 candidates share their rounds, mt-small's have their
 own), so a load change on this shared machine hits them alike; warm-up steps are excluded and
 each figure is the median over rounds. Beside each ratio the report prints the median and the
 quartiles of its per-round ratios (the reference's step over attnkit's in the same round): how
@@ -56,6 +56,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -129,11 +130,17 @@ class Candidate:
 
 def measure(candidates: list[Candidate], repeats: int, warmup: int) -> None:
     """Time every candidate ``repeats`` times, interleaved, after ``warmup`` untimed rounds.
-    Each round starts one candidate further on, so that no candidate always follows the same
-    one: the step after a 4096 x 4096 bf16 product ran 4-14% slower."""
+    Each round runs them in a new order (shuffled, seeded), so that no candidate always
+    follows the same one: the step after a 4096 x 4096 bf16 product ran 4-14% slower, and a
+    step that follows one which handed much memory back to the kernel faults its own memory in
+    again (bench/README.md: 26,925 page faults a step for the candidate that always came after
+    the bf16 products when each round only started one candidate further on, 0 in the median
+    round when shuffled)."""
+    order = random.Random(SEED)
     for round_ in range(warmup + repeats):
-        shift = round_ % len(candidates)
-        for c in candidates[shift:] + candidates[:shift]:
+        shuffled = list(candidates)
+        order.shuffle(shuffled)
+        for c in shuffled:
             start = time.perf_counter()
             result = c.run()
             elapsed = time.perf_counter() - start

@@ -68,3 +68,18 @@ def test_the_report_prints_how_fast_memory_moves(capsys):
     )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory:"))
     assert "GB/s in 1 MiB" in line and "GB/s in 2 MiB" in line and "(2 threads)" in line
+
+
+def test_each_round_times_every_candidate_once_and_no_one_always_follows_the_same():
+    """A step pays for what the step before it left behind (page faults after a reference
+    handed its memory back), so the rounds shuffle the order: over 20 rounds every candidate
+    has more than one predecessor, and each round times each candidate once."""
+    log = []
+    names = [f"c{i}" for i in range(6)]
+    candidates = [training.Candidate(n, lambda n=n: log.append(n), 1.0) for n in names]
+    training.measure(candidates, repeats=20, warmup=1)
+    assert all(len(c.times) == 20 for c in candidates)
+    rounds = [log[i : i + 6] for i in range(0, len(log), 6)]
+    assert all(sorted(r) == names for r in rounds)
+    before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in names}
+    assert all(len(b) > 1 for b in before.values()), before
