@@ -172,9 +172,9 @@ def _scratch(
     a chunk's bf16 part of dL/dW^T (``"part"``), which never leave :func:`_chunked`. On the
     CPU the same memory serves every call of this thread (one tensor per use and dtype, as
     large as the largest asked for: 4-64 MiB for lm-small), so that these never land on fresh
-    pages
-    (thousands of page faults each, about 1.5 us apiece on the Xeon in bench/README.md);
-    elsewhere a new tensor (the device's own allocator keeps freed blocks)."""
+    pages (thousands of page faults each, about 1.5 us apiece on the Xeon in
+    bench/README.md); elsewhere a new tensor (the device's own allocator keeps freed
+    blocks)."""
     numel = shape[0] * shape[1]
     if device.type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
@@ -224,7 +224,6 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
     grad_h_chunks, grad_w = [], None  # dL/dhidden per chunk; dL/dW summed in float32
     grad_wt = None  # oneDNN: dL/dW^T (D, V), summed over the chunks
     step = _chunk_rows(weight.shape[0])
-
     with torch.autocast(device.type, enabled=False):
         # Whether oneDNN forms the products (float32 only). dL/dW's layout: oneDNN runs the
         # product as (D, V) = h^T g a third faster than as (V, D) = g^T h, so that sum is
