@@ -1,6 +1,6 @@
 """accel.keep_freed_memory: a block freed and allocated again no longer faults its pages in
-again (counted by the kernel's minor page faults, in a fresh process each way), and the trainer's
-step turns it on."""
+again (the kernel's minor page faults per block, in a fresh process each way), and the
+trainer's step turns it on."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ import attnkit.accel as accel
 from attnkit.training import config as training_config
 
 PROGRAM = """
-import resource, sys, torch
+import resource, statistics, sys, torch
 import attnkit.accel as accel
 kept = accel.keep_freed_memory()
 if "measured" in sys.argv:  # a resident-memory measurement (explain.complexity) in between
@@ -22,12 +22,12 @@ if "measured" in sys.argv:  # a resident-memory measurement (explain.complexity)
         for _ in range(3):
             torch.empty(16 << 20).fill_(1.0)
         inside = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / 3
-for i in range(6):  # 64 MiB: above glibc's largest automatic mmap threshold (32 MiB)
-    if i == 2:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
+for _ in range(9):  # 64 MiB: above glibc's largest automatic mmap threshold (32 MiB)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(16 << 20).fill_(1.0)
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(kept, faults / 4, inside if "measured" in sys.argv else "")
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(kept, statistics.median(faults), inside if "measured" in sys.argv else "")
 """
 
 
@@ -47,9 +47,10 @@ def test_freed_memory_is_reused_without_page_faults():
     assert kept == "True"
     kept, faults_default = faults_per_block(False)
     assert kept == "False" and faults_default > pages / 2  # glibc's default: every page again
-    # Kept: none, or (on this machine, now and then) a quarter of the block, which the kernel's
-    # own reclaim seems to take back between allocations; never the whole block.
-    assert faults_kept < faults_default / 3
+    # Kept: no page again in the median block. The second or the third block still faults all
+    # its pages once in a while (seen on this machine; one of them in every run, never a later
+    # one), which failed a sum over blocks 3-6 in CI; hence the median of nine.
+    assert faults_kept < pages / 20
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
@@ -59,7 +60,7 @@ def test_a_memory_measurement_returns_freed_memory_then_keeps_it_again():
     assert kept == "True"
     assert faults_inside > pages / 2  # inside the block: every page faulted in again
     _, faults_default = faults_per_block(False)
-    assert faults_after < faults_default / 3  # after it: kept again
+    assert faults_after < pages / 20 < faults_default  # after it: kept again
 
 
 def test_the_training_step_keeps_freed_memory(monkeypatch):
