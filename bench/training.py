@@ -727,12 +727,22 @@ def print_report(results: dict) -> None:
         rounds = "{1:.2f} ({0:.2f}-{2:.2f})".format(*spread[name]) if name in spread else ""
         target = TARGETS.get(name)
         goal = "" if target is None else (f"{target:.0%}" if "MFU" in name else f"{target:.2f}x")
-        mark = "" if target is None else ("  met" if value >= target else "  NOT met")
+        mark = "" if target is None else f"  {verdict(value, spread.get(name), target)}"
         print(f"  {name:<66} {text:>8} {rounds:>17} {goal:>7}{mark}")
     print(
         "\nvalue: the ratio of the medians; rounds: the median (quartiles) of the per-round "
-        "ratios, one step of each candidate a round"
+        "ratios, one step of each candidate a round; met: both the value and the rounds' median "
+        "reach the target"
     )
+
+
+def verdict(value: float, spread: list[float] | None, target: float) -> str:
+    """``"met"`` when the ratio of the medians reaches ``target`` and so does the median of the
+    per-round ratios (``spread``'s middle value, where there is one): on a shared machine the
+    two can differ by 0.1 or more in one run, and a target met by one of them only is not met
+    (bench/README.md has runs of both kinds)."""
+    met = value >= target and (spread is None or spread[1] >= target)
+    return "met" if met else "NOT met"
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """bench/training.py's report: the per-round spread printed beside each ratio pairs the steps of
-one round, and the bf16 row divides the step's gain by the products' gain round by round."""
+one round, the bf16 row divides the step's gain by the products' gain round by round, and a
+target counts as met only where the ratio and the rounds' median both reach it."""
 
 import importlib.util
 import statistics
@@ -58,6 +59,22 @@ def test_the_bf16_spread_divides_gains_of_the_same_round():
     name = "lm-small: (attnkit bf16 / fp32) / (products bf16 / fp32)"
     assert results["ratios"][name] == pytest.approx(0.8)
     assert training.spreads(results)[name] == pytest.approx([0.8, 0.8, 0.8])
+
+
+def test_a_target_is_met_only_by_both_the_value_and_the_rounds(capsys):
+    # a run of this machine (bench/README.md): the ratio of the medians 1.07, the rounds' median
+    # 0.78, against 0.8
+    assert training.verdict(1.07, [0.70, 0.78, 0.82], 0.8) == "NOT met"
+    assert training.verdict(1.28, [1.25, 1.31, 1.35], 1.3) == "NOT met"
+    assert training.verdict(1.31, [1.25, 1.30, 1.35], 1.3) == "met"
+    assert training.verdict(0.46, None, 0.45) == "met"  # MFU: no rounds
+    name = "lm-small fp32: attnkit / HF GPT-2"
+    training.print_report(
+        {"threads": 2, "repeats": 8, "adamw": "fused", "ratios": {name: 1.33},
+         "spreads": {name: [1.25, 1.29, 1.35]}}
+    )  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if name in x)
+    assert line.split()[-2:] == ["NOT", "met"] and "1.29 (1.25-1.35)" in line
 
 
 def test_the_report_prints_how_fast_memory_moves(capsys):
