@@ -22,7 +22,8 @@ round; lm-small's float32 and bf16 candidates share their rounds, mt-small's hav
 own), so a load change on this shared machine hits them alike; warm-up steps are excluded and
 each figure is the median over rounds. Beside each ratio the report prints the median and the
 quartiles of its per-round ratios (the reference's step over attnkit's in the same round): how
-far one round strays here, which says how far a ratio near its target can be trusted.
+far one round strays here, which says how far a ratio near its target can be trusted. A target
+counts as met only where the ratio and the median round both reach it.
 
 Model FLOPs utilisation (MFU) of lm-small::
 
