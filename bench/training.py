@@ -722,14 +722,15 @@ def print_report(results: dict) -> None:
         flops = results["lm_flops_per_token"]
         print(f"\nlm-small model FLOPs per token (6 P + 12 L D T): {flops:,.0f}")
     spread = results.get("spreads", {})
-    print(f"\n{'ratios (> 1: attnkit faster)':<68} {'value':>8} {'rounds':>17} {'target':>7}")
+    print(f"\n{'ratios (> 1: attnkit faster)':<68} {'value':>8} {'rounds':>18} {'target':>7}")
     for name, value in results["ratios"].items():
-        text = f"{value:.1%}" if "MFU" in name else f"{value:.2f}x"
-        rounds = "{1:.2f} ({0:.2f}-{2:.2f})".format(*spread[name]) if name in spread else ""
+        # three decimals: a ratio of 1.297 against 1.3 is not met, which "1.30x" would hide
+        text = f"{value:.1%}" if "MFU" in name else f"{value:.3f}x"
+        rounds = "{1:.3f} ({0:.2f}-{2:.2f})".format(*spread[name]) if name in spread else ""
         target = TARGETS.get(name)
         goal = "" if target is None else (f"{target:.0%}" if "MFU" in name else f"{target:.2f}x")
         mark = "" if target is None else f"  {verdict(value, spread.get(name), target)}"
-        print(f"  {name:<66} {text:>8} {rounds:>17} {goal:>7}{mark}")
+        print(f"  {name:<66} {text:>8} {rounds:>18} {goal:>7}{mark}")
     print(
         "\nvalue: the ratio of the medians; rounds: the median (quartiles) of the per-round "
         "ratios, one step of each candidate a round; met: both the value and the rounds' median "

@@ -74,7 +74,13 @@ def test_a_target_is_met_only_by_both_the_value_and_the_rounds(capsys):
          "spreads": {name: [1.25, 1.29, 1.35]}}
     )  # fmt: skip
     line = next(x for x in capsys.readouterr().out.splitlines() if name in x)
-    assert line.split()[-2:] == ["NOT", "met"] and "1.29 (1.25-1.35)" in line
+    assert line.split()[-2:] == ["NOT", "met"] and "1.290 (1.25-1.35)" in line
+    training.print_report(
+        {"threads": 2, "repeats": 8, "adamw": "fused", "ratios": {name: 1.2972},
+         "spreads": {name: [1.25, 1.31, 1.35]}}
+    )  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if name in x)
+    assert "1.297x" in line and line.endswith("NOT met")  # not "1.30x ... NOT met"
 
 
 def test_the_report_prints_how_fast_memory_moves(capsys):
