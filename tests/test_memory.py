@@ -47,9 +47,9 @@ def test_freed_memory_is_reused_without_page_faults():
     assert kept == "True"
     kept, faults_default = faults_per_block(False)
     assert kept == "False" and faults_default > pages / 2  # glibc's default: every page again
-    # Kept: no page again in the median block. The second or the third block still faults all
-    # its pages once in a while (seen on this machine; one of them in every run, never a later
-    # one), which failed a sum over blocks 3-6 in CI; hence the median of nine.
+    # Kept: no page again in the median block. Besides the first block, the second or the third
+    # faulted all its pages in every run seen on this machine (never a later one); a sum over
+    # blocks 3-6 caught the third now and then and failed CI, hence the median of nine.
     assert faults_kept < pages / 20
 
 
