@@ -9,7 +9,7 @@
  *
  * A head's q, k, v (and do, o) are first copied into float32 scratch, zero-padded (rows to
  * ROWS, keys to 32, d to 32; k and v also transposed), so that every product is one of two
- * small register-blocked loops (ROWS = 8 rows, or 4 without AVX-512, x 32 columns) over rows
+ * small register-blocked loops (ROWS x COLS: 8 x 32 with AVX-512, else 4 x 16) over rows
  * of memory. float32 rows that need no padding (d a multiple of 32, n of ROWS, m of 32) are
  * read where they lie instead (rows_of). The forward keeps ROWS rows of scores at a time; the backward a head's p
  * and ds (n x m each, in the cache for the sequence lengths this is used for). Tensors may be
@@ -86,9 +86,16 @@ static inline void store_row(const View *v, int b, int h, int n, int d, const fl
     }
 }
 
-/* 16 floats, loaded and stored without alignment; gcc lowers it to AVX-512, AVX2 or scalar code */
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-#define AT(p) (*(v16 *)(p))
+/* A register's worth of floats, loaded and stored without alignment: 16 with AVX-512, else 8
+ * (AVX2's width; gcc split wider generic vectors into 128-bit pieces through the stack there,
+ * and the products ran at a tenth of their speed). */
+#ifdef __AVX512F__
+#define LANES 16
+#else
+#define LANES 8
+#endif
+typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
+#define AT(p) (*(vec *)(p))
 
 static inline int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
@@ -99,25 +106,27 @@ static inline int visible(int i, int n, int m, int causal) {
     return last < 0 ? 0 : (last > m ? m : last);
 }
 
-/* Rows per block: every product below is register-blocked as ROWS rows x 32 columns, 2 x ROWS
- * vectors of 16 float accumulators. AVX-512's 32 registers hold 8 rows' (a quarter less time
- * than 4 rows at lm-small's shapes); AVX2's 16 half-width registers not even 4 rows'. */
+/* Rows per block: every product below is register-blocked as ROWS rows x COLS = 2 LANES columns,
+ * 2 x ROWS vectors of accumulators. AVX-512's 32 registers hold 8 rows x 32 columns (a quarter
+ * less time than 4 rows at lm-small's shapes); AVX2's 16 hold 4 rows x 16 columns, with room
+ * for the row of B and the broadcast. */
 #ifdef __AVX512F__
 #define ROWS 8
 #else
 #define ROWS 4
 #endif
+#define COLS (2 * LANES)
 
 /* C[r][j] = alpha sum_t A[r][t] B[t][j] for ROWS rows r and j < cols (a multiple of 32): A is
  * ROWS x dp (row stride lda), B dp x cols (row stride ldb), C row stride ldc. */
 static void rows_times_bt(const float *A, int lda, const float *B, int ldb, int dp, int cols,
                           float alpha, float *C, int ldc) {
-    for (int j = 0; j < cols; j += 32) {
-        v16 c0[ROWS], c1[ROWS];
+    for (int j = 0; j < cols; j += COLS) {
+        vec c0[ROWS], c1[ROWS];
 #pragma GCC unroll 8
-        for (int r = 0; r < ROWS; r++) c0[r] = c1[r] = (v16){0};
+        for (int r = 0; r < ROWS; r++) c0[r] = c1[r] = (vec){0};
         for (int t = 0; t < dp; t++) {
-            v16 b0 = AT(B + (size_t)t * ldb + j), b1 = AT(B + (size_t)t * ldb + j + 16);
+            vec b0 = AT(B + (size_t)t * ldb + j), b1 = AT(B + (size_t)t * ldb + j + LANES);
 #pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
                 float a = A[(size_t)r * lda + t];
@@ -128,7 +137,7 @@ static void rows_times_bt(const float *A, int lda, const float *B, int ldb, int 
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) {
             AT(C + (size_t)r * ldc + j) = alpha * c0[r];
-            AT(C + (size_t)r * ldc + j + 16) = alpha * c1[r];
+            AT(C + (size_t)r * ldc + j + LANES) = alpha * c1[r];
         }
     }
 }
@@ -137,12 +146,12 @@ static void rows_times_bt(const float *A, int lda, const float *B, int ldb, int 
  * or its transpose), X is k1 x dp (row stride ldx, dp a multiple of 32), C row stride ldc. */
 static void rows_times_x(const float *P, size_t sr, size_t sk, const float *X, int ldx, int k0,
                          int k1, int dp, float *C, int ldc) {
-    for (int c = 0; c < dp; c += 32) {
-        v16 c0[ROWS], c1[ROWS];
+    for (int c = 0; c < dp; c += COLS) {
+        vec c0[ROWS], c1[ROWS];
 #pragma GCC unroll 8
-        for (int r = 0; r < ROWS; r++) c0[r] = c1[r] = (v16){0};
+        for (int r = 0; r < ROWS; r++) c0[r] = c1[r] = (vec){0};
         for (int k = k0; k < k1; k++) {
-            v16 x0 = AT(X + (size_t)k * ldx + c), x1 = AT(X + (size_t)k * ldx + c + 16);
+            vec x0 = AT(X + (size_t)k * ldx + c), x1 = AT(X + (size_t)k * ldx + c + LANES);
             const float *pk = P + k * sk;
 #pragma GCC unroll 8
             for (int r = 0; r < ROWS; r++) {
@@ -154,7 +163,7 @@ static void rows_times_x(const float *P, size_t sr, size_t sk, const float *X, i
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; r++) {
             AT(C + (size_t)r * ldc + c) = c0[r];
-            AT(C + (size_t)r * ldc + c + 16) = c1[r];
+            AT(C + (size_t)r * ldc + c + LANES) = c1[r];
         }
     }
 }
