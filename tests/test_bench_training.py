@@ -106,3 +106,24 @@ def test_each_round_times_every_candidate_once_and_no_one_always_follows_the_sam
     assert all(sorted(r) == names for r in rounds)
     before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in names}
     assert all(len(b) > 1 for b in before.values()), before
+
+
+def test_bf16_rows_are_skipped_where_torch_has_no_fast_bf16_products(monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(training.accel, "bf16_products_fast", lambda: False)
+    monkeypatch.setattr(training, "lm_candidates", lambda p, adamw: asked.append(p) or [])
+    monkeypatch.setattr(training, "matmul_candidates", lambda dtype: asked.append(dtype) or [])
+    monkeypatch.setattr(training, "products_candidate", lambda p, onednn=True: asked.append(p))
+
+    class Timed(Exception):
+        pass
+
+    def measure(candidates, repeats, warmup):
+        raise Timed
+
+    monkeypatch.setattr(training, "measure", measure)
+    with pytest.raises(Timed):
+        training.run(["lm"], 1, 0, "fused")
+    assert asked == ["fp32", training.torch.float32, "fp32", "fp32"]
+    out = capsys.readouterr().out
+    assert "lm-small bf16: skipped" in out and "lm-small fp32: timing" in out

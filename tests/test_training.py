@@ -1,15 +1,17 @@
 """Training pieces against their formulas: label smoothing, the schedules; recipes and their
-typed overrides."""
+typed overrides; the warning for bf16 where torch has no fast bf16 products."""
 
 import itertools
 import math
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from attnkit import accel
 from attnkit.training import (
     RecipeError,
     TrainConfig,
@@ -21,6 +23,7 @@ from attnkit.training import (
     noam_lr,
     smoothed_targets,
 )
+from attnkit.training.config import precision_context
 from attnkit.training.recipes import build_config, recipe_differences
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -85,6 +88,27 @@ def test_a_batch_of_nothing_but_padding_gives_zero_not_nan():
     assert float(loss.detach()) == 0.0
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_bf16_warns_where_torch_has_no_fast_bf16_products(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(accel, "bf16_products_fast", lambda: False)
+    with pytest.warns(RuntimeWarning, match="no fast bf16 matrix products"):
+        with precision_context("bf16", cpu):
+            assert torch.is_autocast_enabled("cpu")
+    monkeypatch.setattr(accel, "bf16_products_fast", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with precision_context("bf16", cpu), precision_context("fp32", cpu):
+            pass
+
+
+def test_bf16_products_are_fast_where_the_cpu_has_the_avx512_torch_needs():
+    flags = next((x for x in Path("/proc/cpuinfo").read_text().splitlines() if "flags" in x), "")
+    if "avx2" not in flags.split():
+        pytest.skip("not an x86 CPU with AVX2: torch's bf16 check differs")
+    wanted = {"avx512bw", "avx512vl", "avx512dq"} <= set(flags.split())
+    assert accel.bf16_products_fast() == wanted
 
 
 def test_bf16_logits_are_reduced_in_float32_and_reductions_agree():

@@ -8,7 +8,8 @@ processor: measure before relying on one).
     onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
                   gradients), a torch function mode around a step: ``with onednn_products():``
                   (on where it measured faster than MKL here, ``onednn_choice()``; forced:
-                  ``onednn_linear(False)``, ``ATTNKIT_ONEDNN_LINEAR=0`` or ``=1``)
+                  ``onednn_linear(False)``, ``ATTNKIT_ONEDNN_LINEAR=0`` or ``=1``);
+                  ``bf16_products_fast()``: whether torch has fast bf16 products here
     attention.py  attention's forward and backward for training steps by a C kernel
                   (attention.c), a torch function mode around a step: ``with
                   fast_attention():`` (off: ``attention_kernel(False)`` or
@@ -65,6 +66,7 @@ from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
 from attnkit.accel.memory import keep_freed_memory, return_freed_memory
 from attnkit.accel.onednn import (
+    bf16_products_fast,
     linear,
     onednn_choice,
     onednn_linear,
@@ -85,6 +87,7 @@ __all__ = [
     "attention_kernel",
     "attention_tiles",
     "autotuning",
+    "bf16_products_fast",
     "check_compiler",
     "compiled_layers",
     "compiled_step",

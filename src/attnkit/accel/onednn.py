@@ -50,6 +50,7 @@ except ImportError:  # not POSIX: processes measuring at once may each write the
     fcntl = None
 
 __all__ = [
+    "bf16_products_fast",
     "describe_choice",
     "linear",
     "measure",
@@ -76,6 +77,15 @@ _choice: dict | None = None  # the measured default, once known
 # Known at import, so that a graph being compiled reads a constant (Dynamo does not trace
 # torch.backends' functions).
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def bf16_products_fast() -> bool:
+    """Whether torch runs bfloat16 matrix products on this CPU by oneDNN's bf16 kernels (an x86
+    CPU with AVX-512, with or without AVX512-BF16 or AMX). Elsewhere, e.g. an AVX2-only AMD Zen
+    3, ``torch.mm`` and ``F.linear`` in bf16 take a scalar fallback: on a 2-core Zen 3, 1
+    GFLOP/s for 512 x 512 against float32's 100, so bf16 training is many times slower there
+    than float32."""
+    return _AVAILABLE and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def onednn_linear_available() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -142,9 +143,19 @@ class TrainResult:
     sample: str | None = None
 
 
+SLOW_BF16 = (
+    "train.precision='bf16': torch has no fast bf16 matrix products on this CPU (on x86 they "
+    "need AVX-512), so they fall back to a scalar loop, many times slower than float32; "
+    "use precision fp32 here"
+)
+
+
 def precision_context(precision: str, device: torch.device):
-    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``."""
+    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``. bf16 on a CPU where
+    torch has no fast bf16 products (:func:`attnkit.accel.bf16_products_fast`) warns, once."""
     if precision == "bf16":
+        if device.type == "cpu" and not accel.bf16_products_fast():
+            warnings.warn(SLOW_BF16, RuntimeWarning, stacklevel=2)
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
