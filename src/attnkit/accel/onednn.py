@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,7 @@ _choice: dict | None = None  # the measured default, once known
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@cache  # the processor's: asked before every training step
 def bf16_products_fast() -> bool:
     """Whether torch runs bfloat16 matrix products on this CPU by oneDNN's bf16 kernels (an x86
     CPU with AVX-512, with or without AVX512-BF16 or AMX). Elsewhere, e.g. an AVX2-only AMD Zen
