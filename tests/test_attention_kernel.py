@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import attnkit as ak
 import attnkit.accel.attention as kernel_module
+import attnkit.accel.lm_loss as loss_module
 from attnkit import accel, backends
 from attnkit.accel.attention import (
     Sequences,
@@ -258,6 +259,19 @@ def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
     with torch.no_grad():  # the kernel does not take it: torch, with the two masks merged
         merged = attention(q, k, v, attn_mask=keys, is_causal=True)
     torch.testing.assert_close(merged, reference(q, k, v, keys, True), rtol=1e-5, atol=1e-5)
+
+
+def avx2_assembly(source):
+    """``source`` compiled as for a Zen 3 (AVX2, no AVX-512), as assembly text."""
+    build = ["gcc", "-O3", "-march=znver3", "-fopenmp", "-S", "-o", "-", str(source)]
+    return subprocess.run(build, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("source", [kernel_module._SOURCE, loss_module._SOURCE], ids=str)
+def test_an_avx2_build_computes_exp_eight_lanes_at_a_time(source):
+    """The softmax's and the loss's exp (fastmath.h) round x / ln 2 with vroundps, which only a
+    vectorised loop has. Written with a branch, gcc left it scalar on AVX2."""
+    assert "vroundps" in avx2_assembly(source)
 
 
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)

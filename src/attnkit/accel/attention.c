@@ -284,8 +284,8 @@ static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
         sum = _mm512_reduce_add_ps(sums);
 #else
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < len; j++) {
-            float e = row[j] == -INFINITY ? 0.0f : exp_neg(row[j] - top);
+        for (int j = 0; j < len; j++) { /* exp_neg(-inf) = 0 */
+            float e = exp_neg(row[j] - top);
             row[j] = e;
             sum += e;
         }

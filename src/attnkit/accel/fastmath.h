@@ -31,7 +31,10 @@ static inline float exp_neg(float x) {
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p, r * r, r) + 1.0f;
     float scale = as_float((uint32_t)((int32_t)n + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
+    /* 0 below -87 by clearing the bits, not by a branch: with `x < -87 ? 0 : p * scale` gcc
+     * computes p only where it is used, and cannot then vectorise the loop on AVX2 (without
+     * AVX-512's masks, it may not compute p in the lanes that do not need it) */
+    return as_float(as_bits(p * scale) & -(uint32_t)!(x < -87.0f));
 }
 
 static inline float bf16_load(uint16_t h) { return as_float((uint32_t)h << 16); }
