@@ -4,6 +4,7 @@ nothing to attend to, the models' training steps with the kernel on and off (eag
 layers), the cases it leaves to torch, and the AVX2 and plain C builds."""
 
 import ctypes
+import re
 import subprocess
 
 import pytest
@@ -272,6 +273,15 @@ def test_an_avx2_build_computes_exp_eight_lanes_at_a_time(source):
     """The softmax's and the loss's exp (fastmath.h) round x / ln 2 with vroundps, which only a
     vectorised loop has. Written with a branch, gcc left it scalar on AVX2."""
     assert "vroundps" in avx2_assembly(source)
+
+
+def test_an_avx2_build_multiplies_from_registers():
+    """No multiply-add of the products reads a memory operand (the stack and constants aside):
+    gcc folded the row of B into each of them, 12 loads for 8 multiply-adds."""
+    folded = re.findall(
+        r"vfmadd\d+ps\s+[^%\s,]*\(%r(?!ip|bp|sp)", avx2_assembly(kernel_module._SOURCE)
+    )
+    assert not folded
 
 
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)
