@@ -192,10 +192,11 @@ def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
 @pytest.mark.parametrize(
     ("cache_bytes", "vocab", "rows"),
     [
-        (0, 8192, 512),  # unknown: 16 MiB of float32 logits
-        (32 << 20, 8192, 512),  # a Zen 4 / Zen 5 L3: still 16 MiB
+        (0, 8192, 1024),  # unknown: 32 MiB of float32 logits
+        (32 << 20, 8192, 1024),  # a Zen 3, Zen 4 or Zen 5 L3: still 32 MiB
         (107520 << 10, 8192, 1024),  # the Xeon's 105 MiB: half of it, down to a power of two
-        (32 << 20, 50257, 64),  # GPT-2's vocabulary: 83 rows, down to 64
+        (256 << 20, 8192, 2048),  # a 256 MiB cache: half of it is 4,096 rows, capped at 2,048
+        (32 << 20, 50257, 128),  # GPT-2's vocabulary: 166 rows, down to 128
         (0, 100, 2048),  # never more than 2,048 rows
         (0, 1 << 20, 64),  # nor fewer than 64
     ],

@@ -14,7 +14,7 @@ two casts of the chunk. Without a C compiler (or with ``loss_kernels(False)``,
 
 Where torch's own product forms the logits (float32 without oneDNN, bf16), each chunk's logits
 are written into one scratch tensor that the calling thread keeps for its next call (one per
-dtype, 16 MiB or more on the CPU): fresh memory of that size costs thousands of page faults.
+dtype, 32 MiB or more on the CPU): fresh memory of that size costs thousands of page faults.
 """
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ def _last_level_cache() -> int:
 
 
 def _chunk_rows(vocab_size: int) -> int:
-    """Rows per chunk: float32 logits of 16 MiB, or of half the last-level cache where that is
-    more, in a power of two of rows (512 for V = 8192 under a 32 MiB cache, 1,024 under the
-    105 MiB of the Xeon in bench/README.md, where they made a step 2-8% faster):
-    they stay in the cache, in few enough chunks that the per-chunk work costs little."""
-    values = max(1 << 22, _last_level_cache() // 8)  # float32 values in 16 MiB, or LLC / 2
+    """Rows per chunk: float32 logits of 32 MiB, or of half the last-level cache where that is
+    more, in a power of two of rows (1,024 for V = 8192, under a 32 MiB L3 and under the 105
+    MiB of the Xeon in bench/README.md): few enough chunks that the per-chunk work costs little,
+    and a longer inner dimension for dL/dW's products. 16 MiB (512 rows) made a whole lm-small
+    step 3-4% slower on a Zen 3 and on the Xeon, although those logits stayed in a 32 MiB L3."""
+    values = max(1 << 23, _last_level_cache() // 8)  # float32 values in 32 MiB, or LLC / 2
     rows = max(64, min(2048, values // vocab_size))
     return 1 << (rows.bit_length() - 1)
 
