@@ -314,10 +314,11 @@ static void probabilities(float *S, int mp, int width, int i0, const Shape *s,
     }
 }
 
-/* The widest row of keys any of rows i0..i0+ROWS-1 sees, rounded up to 32. */
+/* The widest row of keys any of rows i0..i0+ROWS-1 sees, rounded up to COLS (a causal block
+ * computes fewer keys past its diagonal with AVX2's 16 than with 32). */
 static int block_cols(int i0, const Shape *s) {
     int last = i0 + ROWS - 1 < s->n ? i0 + ROWS - 1 : s->n - 1;
-    return round_up(visible(last, s->n, s->m, s->causal), 32);
+    return round_up(visible(last, s->n, s->m, s->causal), COLS);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
