@@ -18,9 +18,9 @@
  * lse_i = +inf (its p and gradients are 0). Causal masks skip the blocks above the diagonal.
  * With AVX-512 the softmax's passes and the transposes of k and v are written in intrinsics
  * (avx512.h): gcc's own vectorisation of the sum left a scalar tail per row, and the transposes
- * went an element at a time. Where gcc targets AMX tiles (-march=native on an Intel Xeon from
- * Sapphire Rapids on) and Linux lends them, bfloat16 inputs take attention_tiles.h's path
- * instead: the products on tiles.
+ * went an element at a time. With AVX2 the transposes are (avx2.h). Where gcc targets AMX
+ * tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux lends them,
+ * bfloat16 inputs take attention_tiles.h's path instead: the products on tiles.
  * Packed sequences (View.first, Shape.n_of / m_of): batch b's rows start at row first[b] of
  * one (T, H, d) tensor and it has its own n and m, all real; each task lays its head out in
  * the scratch at its own sizes. (The tile path takes padded heads only.)
@@ -30,6 +30,12 @@
 #include "fastmath.h"
 #ifdef __AVX512F__
 #include "avx512.h"
+#define KEYS 16 /* keys transposed at a time in registers (load_cols) */
+#define TRANSPOSE_BLOCK transpose_block16
+#elif defined(__AVX2__)
+#include "avx2.h"
+#define KEYS 8
+#define TRANSPOSE_BLOCK transpose_block8
 #endif
 
 typedef struct {
@@ -242,16 +248,16 @@ static const float *rows_of(const View *v, int b, int h, int n, int d, int np, i
 }
 
 /* the same, transposed: dp x mp. rows: 16 x dp scratch (AVX-512 transposes 16 keys at a time
- * in registers; otherwise a row of dp is used). */
+ * in registers, AVX2 8; otherwise a row of dp is used). */
 static void load_cols(const View *v, int b, int h, int m, int d, int mp, int dp, float *rows,
                       float *out) {
-#ifdef __AVX512F__
-    for (int j0 = 0; j0 < mp; j0 += 16) {
-        memset(rows, 0, sizeof(float) * 16 * (size_t)dp);
-        for (int l = 0; l < 16 && j0 + l < m; l++)
+#ifdef TRANSPOSE_BLOCK
+    for (int j0 = 0; j0 < mp; j0 += KEYS) {
+        memset(rows, 0, sizeof(float) * KEYS * (size_t)dp);
+        for (int l = 0; l < KEYS && j0 + l < m; l++)
             load_row(v, b, h, j0 + l, d, rows + (size_t)l * dp);
-        for (int c0 = 0; c0 < dp; c0 += 16)
-            transpose_block16(rows + c0, dp, out + (size_t)c0 * mp + j0, mp);
+        for (int c0 = 0; c0 < dp; c0 += KEYS)
+            TRANSPOSE_BLOCK(rows + c0, dp, out + (size_t)c0 * mp + j0, mp);
     }
 #else
     memset(out, 0, sizeof(float) * (size_t)dp * mp);
