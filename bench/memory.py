@@ -7,7 +7,8 @@ Each worker is a fresh process that trains one model, as a user's training run d
 glibc's default malloc (``ATTNKIT_KEEP_MEMORY=0``) or with freed memory kept; it times the steps
 and counts each step's minor page faults. Every round runs each configuration once, the two
 malloc settings in alternating order. The speed-up applies to any model: the trainer turns it
-on for attnkit's, and a user of the references could do the same.
+on for attnkit's, and a user of the references could do the same. bf16 is skipped where torch
+has no fast bf16 products (``accel.bf16_products_fast()``), as in ``training.py``.
 
     python bench/memory.py [--rounds 2] [--repeats 7] [--threads 2]
 """
@@ -78,9 +79,13 @@ def main() -> None:
         print(json.dumps(worker(name, precision, args.repeats, args.threads)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
-    from training import cpu_description
+    from attnkit import accel
+    from training import BF16_SKIPPED, cpu_description
 
-    configs = [f"{name} {precision}" for precision in ("fp32", "bf16") for name in CANDIDATES]
+    precisions = ("fp32", "bf16") if accel.bf16_products_fast() else ("fp32",)
+    if "bf16" not in precisions:
+        print(BF16_SKIPPED.replace("lm-small bf16", "bf16 steps"), flush=True)
+    configs = [f"{name} {precision}" for precision in precisions for name in CANDIDATES]
     runs: dict[tuple[str, bool], list[dict]] = {}
     for round_ in range(args.rounds):
         print(f"round {round_ + 1} of {args.rounds}: {2 * len(configs)} processes ...", flush=True)
