@@ -60,7 +60,7 @@ def _chunk_rows(vocab_size: int) -> int:
     more, in a power of two of rows (1,024 for V = 8192, under a 32 MiB L3 and under the 105
     MiB of the Xeon in bench/README.md): few enough chunks that the per-chunk work costs little,
     and a longer inner dimension for dL/dW's products. 16 MiB (512 rows) made a whole lm-small
-    step 3-4% slower on a Zen 3 and on the Xeon, although those logits stayed in a 32 MiB L3."""
+    step 2-8% slower on the Xeon, and 3-4% slower on a Zen 3, whose 32 MiB L3 held them."""
     values = max(1 << 23, _last_level_cache() // 8)  # float32 values in 32 MiB, or LLC / 2
     rows = max(64, min(2048, values // vocab_size))
     return 1 << (rows.bit_length() - 1)
