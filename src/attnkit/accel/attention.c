@@ -225,11 +225,12 @@ static void load_rows(const View *v, int b, int h, int n, int d, int np, int dp,
     for (int i = 0; i < n; i++) load_row(v, b, h, i, d, out + (size_t)i * dp);
 }
 
-/* Asks for rows from..to-1 of X (row stride ld, dp floats each) to be brought into the cache:
- * the next block's rows of q, read in place, are far apart (a fused projection's rows are
- * 3 H d floats long) and each lies on its own page, where the processor's prefetchers stop. */
-static inline void prefetch_rows(const float *X, int ld, int from, int to, int dp) {
-    for (int r = from; r < to; r++)
+/* Asks for the ROWS rows of X from row `from` on (below n; row stride ld, dp floats each) to
+ * be brought into the cache: the next block's rows of q, read in place, are far apart (a fused
+ * projection's rows are 3 H d floats long) and each lies on its own page, where the
+ * processor's prefetchers stop. */
+static inline void prefetch_rows(const float *X, int ld, int from, int n, int dp) {
+    for (int r = from; r < from + ROWS && r < n; r++)
         for (int c = 0; c < dp; c += 16) __builtin_prefetch(X + (size_t)r * ld + c);
 }
 
@@ -374,7 +375,7 @@ int attention_forward(const Shape *s, const View *q, const View *k, const View *
             const uint8_t *valid = s->valid ? s->valid + (size_t)b * s->m : 0;
             for (int i0 = 0; i0 < t.n; i0 += ROWS) {
                 int cols = block_cols(i0, &t);
-                prefetch_rows(Qh, lq, i0 + ROWS, i0 + 2 * ROWS < t.n ? i0 + 2 * ROWS : t.n, z.dp);
+                prefetch_rows(Qh, lq, i0 + ROWS, t.n, z.dp);
                 rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, t.scale, S, z.mp);
                 probabilities(S, z.mp, cols, i0, &t, valid, 0, lse + (size_t)bh * s->n);
                 rows_times_x(S, z.mp, 1, Vh, lv, 0, cols, z.dp, O, z.dp);
@@ -442,7 +443,7 @@ int attention_backward(const Shape *s, const View *q, const View *k, const View 
             for (int i0 = 0; i0 < z.np; i0 += ROWS) {
                 float *Pi = P + (size_t)i0 * z.mp, *dSi = dS + (size_t)i0 * z.mp;
                 int cols = i0 < n ? block_cols(i0, &t) : 0;
-                prefetch_rows(Qh, lq, i0 + ROWS, i0 + 2 * ROWS < n ? i0 + 2 * ROWS : n, z.dp);
+                prefetch_rows(Qh, lq, i0 + ROWS, n, z.dp);
                 rows_times_bt(Qh + (size_t)i0 * lq, lq, Kt, z.mp, z.dp, cols, t.scale, Pi, z.mp);
                 probabilities(Pi, z.mp, cols, i0, &t, valid, head_lse, 0);
                 rows_times_bt(dOh + (size_t)i0 * lo, lo, Vt, z.mp, z.dp, cols, 1.0f, dSi, z.mp);
