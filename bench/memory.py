@@ -80,11 +80,11 @@ def main() -> None:
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from attnkit import accel
-    from training import BF16_SKIPPED, cpu_description
+    from training import SLOW_BF16, cpu_description
 
     precisions = ("fp32", "bf16") if accel.bf16_products_fast() else ("fp32",)
     if "bf16" not in precisions:
-        print(BF16_SKIPPED.replace("lm-small bf16", "bf16 steps"), flush=True)
+        print(f"bf16 steps: skipped, {SLOW_BF16}", flush=True)
     configs = [f"{name} {precision}" for precision in precisions for name in CANDIDATES]
     runs: dict[tuple[str, bool], list[dict]] = {}
     for round_ in range(args.rounds):

@@ -521,11 +521,11 @@ def mt_padding() -> float:
 
 # where accel.bf16_products_fast() is False (an AVX2-only CPU such as Zen 3): a round of the
 # bf16 candidates, the 4096 x 4096 bf16 product among them, would take most of the run
-BF16_SKIPPED = (
-    "lm-small bf16: skipped, torch has no fast bf16 products on this CPU "
-    "(accel.bf16_products_fast() is False): they fall back to a scalar loop, about 100x "
-    "slower than float32 at 512 x 512"
+SLOW_BF16 = (
+    "torch has no fast bf16 products on this CPU (accel.bf16_products_fast() is False): they "
+    "fall back to a scalar loop, about 100x slower than float32 at 512 x 512"
 )
+BF16_SKIPPED = f"lm-small bf16: skipped, {SLOW_BF16}"
 
 
 def run(suites: list[str], repeats: int, warmup: int, adamw: str) -> dict:
