@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 import attnkit as ak
-from attnkit.explain.complexity import _fix_malloc, peak_extra_mib
+from attnkit.accel import return_freed_memory
+from attnkit.explain.complexity import peak_extra_mib
 
 B, H, D_K = 1, 8, 64
 
@@ -86,14 +87,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per cell")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args()
-    _fix_malloc()
     lengths = [int(n) for n in args.lengths.split(",")]
     print(
         f"causal attention forward, B={B}, heads={H}, d_k={D_K}, float32, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
     )
     print(f"{'N':>6}  {'implementation':<28}  {'forward ms':>10}  {'peak MiB':>10}")
-    rows = run(lengths, args.repeats)
+    # large blocks in their own mappings and freed pages handed back, so that a call's peak of
+    # resident memory is its own (as in ``attnkit explain complexity``)
+    with return_freed_memory():
+        rows = run(lengths, args.repeats)
     by = {(r["n"], r["implementation"]): r for r in rows}
     print("\nratios at each N (fused over math; >1 = fused faster / smaller):")
     for n in lengths:

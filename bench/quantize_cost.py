@@ -12,6 +12,8 @@ tokens equal float32's before the first difference (summed over the prompts).
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 import attnkit as ak
@@ -22,6 +24,7 @@ from training import cpu_description
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     torch.set_num_threads(2)
     print(f"CPU: {cpu_description()}; {model_path().name}")
     tokenizer = load_tokenizer_for(model_path())

@@ -7,6 +7,7 @@ functions that ran (definition to end, what a reader follows), and the distinct 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import collections
 import os
@@ -49,6 +50,7 @@ def trace_forward() -> tuple[dict[str, set[int]], dict[str, set[int]]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     entered, executed = trace_forward()
     root = os.path.dirname(ak.__file__)
     print(f"{'file':28s} {'lines':>6s} {'functions run':>14s} {'lines executed':>15s}")

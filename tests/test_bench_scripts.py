@@ -1,0 +1,63 @@
+"""Every script in bench/ starts: its imports resolve and it answers ``--help`` without running
+its measurements. (``bench/attention.py``, the first command of ``make bench``, once imported a
+helper that had been removed from ``attnkit.explain.complexity``, and nothing ran it.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+# Each script as ``python bench/NAME.py --help`` runs it (bench/ first on the path, so that
+# the scripts import each other), all in one process so that torch is imported once.
+HELP_ALL = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, sys.argv[1])
+results = {}
+for path in sys.argv[2:]:
+    sys.argv = [path, "--help"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(path, run_name="__main__")
+        results[path] = ("ran without exiting", out.getvalue())
+    except SystemExit as done:
+        results[path] = (done.code, out.getvalue())
+    except Exception as error:
+        results[path] = (f"{type(error).__name__}: {error}", out.getvalue())
+print("RESULTS" + json.dumps(results))
+"""
+
+
+def test_every_bench_script_imports_and_answers_help():
+    scripts = sorted(str(p) for p in BENCH.glob("*.py"))
+    assert len(scripts) >= 20
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_ALL, str(BENCH), *scripts],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.split("RESULTS", 1)[1])
+    failed = {Path(p).name: code for p, (code, _) in results.items() if code not in (0, None)}
+    assert failed == {}
+    for path, (_, text) in results.items():
+        assert text.startswith(f"usage: {Path(path).name}"), (path, text[:200])
+
+
+def test_the_attention_benchmark_runs(tmp_path):
+    out = tmp_path / "attention.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "attention.py"), "--lengths", "64,128", "--repeats", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert {(r["n"], r["implementation"]) for r in rows} == {
+        (n, name)
+        for n in (64, 128)
+        for name in ("attnkit math", "attnkit fused", "torch.nn.MultiheadAttention")
+    }
+    assert all(r["forward_ms"] > 0 for r in rows)
+    assert "ratios at each N" in done.stdout
