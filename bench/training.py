@@ -36,7 +36,7 @@ the full T x T scores, as PaLM does, although causal attention needs half). The 
 in the same rounds: ``torch.mm`` of two 4096 x 4096 matrices in the same dtype, and, for float32,
 also oneDNN's matmul on the same matrices (the best float32 GEMM this torch build has here).
 
-    python bench/training.py [--suite lm,mt] [--repeats 5] [--warmup 1] [--threads 2]
+    python bench/training.py [--suite lm,mt] [--repeats 15] [--warmup 2] [--threads 2]
                              [--keep-memory] [--json runs/bench/training.json]
 
 By default the process keeps glibc's default malloc, as a user of the references runs them;
@@ -767,8 +767,14 @@ def verdict(value: float, spread: list[float] | None, target: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="lm,mt", help="comma-separated: lm, mt")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per candidate")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per candidate")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=15,
+        help="timed steps per candidate (rounds); with fewer, one round's stray (3-5%% on a "
+        "shared machine) tips a ratio near its target either way (bench/README.md)",
+    )
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--adamw", choices=("fused", "foreach", "loop"), default="fused")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/training.json"))
