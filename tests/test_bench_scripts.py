@@ -2,10 +2,13 @@
 its measurements. (``bench/attention.py``, the first command of ``make bench``, once imported a
 helper that had been removed from ``attnkit.explain.complexity``, and nothing ran it.)"""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from attnkit import accel
 
 BENCH = Path(__file__).parents[1] / "bench"
 
@@ -61,3 +64,14 @@ def test_the_attention_benchmark_runs(tmp_path):
     }
     assert all(r["forward_ms"] > 0 for r in rows)
     assert "ratios at each N" in done.stdout
+
+
+def test_compile_time_skips_bf16_where_its_products_are_slow(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_compile_time", BENCH / "compile_time.py")
+    compile_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compile_time)
+    names = list(compile_time.CONFIGS)
+    monkeypatch.setattr(accel, "bf16_products_fast", lambda: False)
+    assert compile_time.runnable(names) == ["lm-small", "mt-small"]
+    monkeypatch.setattr(accel, "bf16_products_fast", lambda: True)
+    assert compile_time.runnable(names) == names
