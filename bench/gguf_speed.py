@@ -173,7 +173,11 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
-    candidates = ["float32", "packed", "packed-eager", "transformers"]
+    candidates = ["float32", "packed", "packed-eager"]
+    if importlib.util.find_spec("accelerate") is not None:  # transformers reads GGUF with it
+        candidates.append("transformers")
+    else:
+        print("accelerate is not installed: no Hugging Face column (make bench installs it)")
     if importlib.util.find_spec("llama_cpp") is not None:
         candidates.append("llama.cpp")
     else:
@@ -186,7 +190,9 @@ def main() -> None:
             command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
             command += ["--new-tokens", str(args.new_tokens)]
             env = dict(os.environ, ATTNKIT_PACKED_STEP="0" if name == "packed-eager" else "1")
-            out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            out = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+            if out.returncode != 0:
+                raise SystemExit(f"{name}: the worker process failed:\n{out.stderr[-2000:]}")
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
         if "llama.cpp" in runs:
             ratio = runs["packed"][-1]["decode"] / runs["llama.cpp"][-1]["decode"]
