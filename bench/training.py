@@ -631,6 +631,12 @@ def comparisons(results: dict):
         for ref in ("torch.nn.Transformer", "HF BART"):
             yield from pair(mt, ours, ref, "fp32", "mt-small")
     yield from pair(mt, "attnkit", PADDED, "fp32", "mt-small")  # what unpadding is worth
+    # attnkit against itself: what compiling the layers is worth, and what the oneDNN routing is
+    # worth. Where torch's GEMM is the default, "attnkit" and "attnkit no oneDNN" run the same
+    # step, and that row shows how far this run's noise alone moves a ratio.
+    for table, label in ((lm, "lm-small"), (mt, "mt-small")):
+        yield from pair(table, "attnkit compiled", "attnkit", "fp32", label)
+        yield from pair(table, "attnkit", "attnkit no oneDNN", "fp32", label)
 
 
 def round_ratios(ours: dict, ref: dict) -> list[float]:
@@ -771,8 +777,8 @@ def main() -> None:
         "--repeats",
         type=int,
         default=15,
-        help="timed steps per candidate (rounds); with fewer, one round's stray (3-5%% on a "
-        "shared machine) tips a ratio near its target either way (bench/README.md)",
+        help="timed steps per candidate (rounds): one round strays 3-5%% on a shared machine, "
+        "and more rounds narrow a ratio's spread (bench/README.md)",
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
