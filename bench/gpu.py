@@ -3,9 +3,12 @@
 1. Correctness on the GPU: the fused path (torch's CUDA kernels) against the math path,
    including query rows with nothing to attend to (zeros, finite gradients) and bf16; window and
    linear attention against their references; cached against uncached greedy decoding.
-2. Training throughput of ``lm-small`` (DecoderLM, vocab 8192, d_model 256, 8 heads, 4 layers,
-   d_ff 1024, context 256) on one GPU with bf16 autocast and the fused attention path:
-   tokens/s and model FLOPs utilisation against the GPU's measured bf16 matmul peak.
+2. Compiled layers (``accel.compiled_layers``, what ``attnkit train --compile`` runs) on the
+   GPU: the same loss and gradients as the eager step for each model family, in float32.
+3. Training throughput of ``lm-small`` (DecoderLM, vocab 8192, d_model 256, 8 heads, 4 layers,
+   d_ff 1024, context 256) on one GPU with bf16 autocast and the fused attention path, eager
+   and with compiled layers: tokens/s and model FLOPs utilisation against the GPU's measured
+   bf16 matmul peak.
 
     PYTHONPATH=src python bench/gpu.py [--json out.json]
 """
@@ -19,8 +22,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.backends import linear_attention, linear_attention_weights, sliding_window_attention
 from attnkit.masks import window_mask
 
@@ -95,6 +100,62 @@ def check_generation(report: dict) -> None:
     assert all(results.values()), results
 
 
+def _loss_and_grads(model, loss_of, compiled: bool) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    with accel.compiled_layers(model, compiled):
+        loss = loss_of(model)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def check_compiled_layers(report: dict) -> None:
+    """Compiled against eager layers, float32, one small model of each family."""
+    common = dict(vocab_size=64, n_layers=2, max_len=32, dropout=0.0, d_model=32, d_ff=64)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    ids = torch.randint(3, 64, (3, 17), device=DEVICE, generator=g)
+    mask = torch.arange(16, device=DEVICE) < torch.tensor([[16], [13], [11]], device=DEVICE)
+    families = {
+        # Pre-LN, RoPE, grouped-query, SwiGLU, RMSNorm
+        "decoder-only LM": (
+            ak.DecoderLM,
+            dict(
+                n_heads=2, n_kv_heads=1, position="rope", activation="swiglu", norm_type="rmsnorm"
+            ),
+            lambda m: m.loss(ids[:, :-1], ids[:, 1:]),
+        ),
+        # the paper's Post-LN layers, padding on both sides, cross-attention
+        "translator": (
+            ak.Transformer,
+            dict(n_heads=4, norm="post", position="sinusoidal", activation="relu"),
+            lambda m: m.loss(ids[:, :-1], ids[:, :-1], ids[:, 1:], mask, mask),
+        ),
+        "classifier": (
+            lambda cfg: ak.EncoderClassifier(cfg, 3),
+            dict(n_heads=4, norm="post", position="alibi", activation="gelu"),
+            lambda m: F.cross_entropy(m(ids[:, :-1], mask), torch.tensor([0, 1, 2], device=DEVICE)),
+        ),
+    }
+    gaps = {}
+    for name, (build, changes, loss_of) in families.items():
+        torch.manual_seed(0)
+        model = build(ak.ModelConfig(**common, **changes)).to(DEVICE)
+        eager_loss, eager_grads = _loss_and_grads(model, loss_of, False)
+        breaks = sum(counters["graph_break"].values())
+        compiled_loss, compiled_grads = _loss_and_grads(model, loss_of, True)
+        worst = max(
+            float((compiled_grads[n] - g).abs().max()) / (float(g.abs().max()) + 1e-8)
+            for n, g in eager_grads.items()
+        )
+        gaps[name] = {
+            "loss_gap": abs(float(compiled_loss - eager_loss)),
+            "worst_relative_grad_gap": worst,
+            # a layer's graph in pieces: each break is a return to Python between them
+            "graph_breaks": sum(counters["graph_break"].values()) - breaks,
+        }
+    report["compiled_vs_eager"] = gaps
+    assert all(v["loss_gap"] < 1e-4 and v["worst_relative_grad_gap"] < 1e-3 for v in gaps.values())
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
     a = torch.randn(n, n, device=DEVICE, dtype=dtype)
     b = torch.randn(n, n, device=DEVICE, dtype=dtype)
@@ -108,7 +169,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - start)
 
 
-def train_throughput(batch: int, steps: int = 40, warmup: int = 10) -> dict:
+def train_throughput(batch: int, compiled: bool, steps: int = 40, warmup: int = 10) -> dict:
     cfg = ak.ModelConfig.preset("lm-small")
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg).to(DEVICE).train()
@@ -117,7 +178,7 @@ def train_throughput(batch: int, steps: int = 40, warmup: int = 10) -> dict:
     x, y = ids[:, :-1], ids[:, 1:]
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16), accel.compiled_layers(model, compiled):
             logits = model(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         opt.zero_grad(set_to_none=True)
@@ -141,6 +202,7 @@ def train_throughput(batch: int, steps: int = 40, warmup: int = 10) -> dict:
     flops_per_token = 6 * n_params + 12 * cfg.n_layers * cfg.d_model * cfg.max_len
     return {
         "batch": batch,
+        "compiled_layers": compiled,
         "tokens_per_s": tokens_per_s,
         "flops_per_token": flops_per_token,
         "achieved_tflops": tokens_per_s * flops_per_token / 1e12,
@@ -156,13 +218,16 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     check_attention(report)
     check_generation(report)
+    check_compiled_layers(report)
     peak = matmul_peak(torch.bfloat16)
     report["bf16_matmul_peak_tflops"] = peak / 1e12
     report["lm_small_training"] = []
     for batch in (8, 64, 256):
-        row = train_throughput(batch)
-        row["mfu"] = row["achieved_tflops"] * 1e12 / peak
-        report["lm_small_training"].append(row)
+        for compiled in (False, True):
+            row = train_throughput(batch, compiled)
+            row["mfu"] = row["achieved_tflops"] * 1e12 / peak
+            report["lm_small_training"].append(row)
+            print(json.dumps(row), flush=True)
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

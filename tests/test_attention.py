@@ -208,3 +208,16 @@ def test_half_precision_scores_stay_finite():
     _, w = ak.scaled_dot_product_attention(q, k, v, return_weights=True)
     assert torch.isfinite(w).all()
     torch.testing.assert_close(w.float().sum(-1), torch.ones(1, 1, 4), atol=1e-2, rtol=0)
+
+
+def test_fused_path_off_the_cpu_never_reads_the_mask_values():
+    """On a GPU the fused path zeroes the rows with nothing to attend to without looking at the
+    values first (a look makes the host wait for the device, and breaks a compiled graph). A
+    meta tensor has no values: any look raises."""
+    q, k, v = (t.to("meta") for t in _inputs(3, 2, 2, 4, 5, 8, 8))
+    for mask in (torch.rand(2, 1, 4, 5) > 0.5, torch.zeros(4, 5)):
+        for is_causal in (False, True):
+            out = ak.scaled_dot_product_attention(
+                q, k, v, mask.to("meta"), is_causal=is_causal, implementation="fused"
+            )
+            assert out.shape == (2, 2, 4, 8) and out.device.type == "meta"

@@ -87,12 +87,18 @@ def _with_causal(mask: Tensor | None, is_causal: bool, n: int, m: int, like: Ten
     return combine(mask, causal_mask(n, m, device=like.device))
 
 
+def _blocked_rows(mask: Tensor) -> Tensor:
+    """Which query rows may attend to nothing, (..., N or 1, 1) bool."""
+    blocked = ~mask if mask.dtype == torch.bool else torch.isneginf(mask)
+    return blocked.all(dim=-1, keepdim=True)
+
+
 def _empty_rows(mask: Tensor | None) -> Tensor | None:
-    """Which query rows may attend to nothing, (..., N or 1, 1) bool; None when there are none."""
+    """:func:`_blocked_rows`, or None when the mask has none (a look at the values: on a GPU,
+    the host waits for the device)."""
     if mask is None:
         return None
-    blocked = ~mask if mask.dtype == torch.bool else torch.isneginf(mask)
-    empty = blocked.all(dim=-1, keepdim=True)
+    empty = _blocked_rows(mask)
     return empty if bool(empty.any()) else None
 
 
@@ -145,12 +151,12 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale):
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, **gqa
     )
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" and mask is not None:
         # torch's CPU kernel already returns 0 for a row with nothing to attend to; other
-        # backends may not, so zero those rows explicitly there.
-        empty = _empty_rows(mask)
-        if empty is not None:
-            out = out.masked_fill(empty, 0.0)
+        # backends may not, so zero those rows explicitly there. Always, without asking first
+        # whether there are any: that question would make the host wait for the GPU at every
+        # call, and break a compiled layer's graph in two.
+        out = out.masked_fill(_blocked_rows(mask), 0.0)
     return out
 
 
