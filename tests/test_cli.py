@@ -82,9 +82,10 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_the_installed_command_help_and_version(capsys):
-    command = [sys.executable, "-m", "attnkit.cli"]
-    version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True)
-    assert version.stdout.strip() == f"attnkit {attnkit.__version__}"
+    for module in ("attnkit", "attnkit.cli"):  # python -m attnkit, python -m attnkit.cli
+        command = [sys.executable, "-m", module, "--version"]
+        version = subprocess.run(command, capture_output=True, text=True, check=True)
+        assert version.stdout.strip() == f"attnkit {attnkit.__version__}"
     # the rest in this process (each new one costs CI seconds of imports)
     for argv in (["--help"], ["explain", "--help"]):
         with pytest.raises(SystemExit) as exited:  # argparse prints the help and exits

@@ -28,6 +28,7 @@ ORDER = [
     {"__init__"},  # the package's public face: import attnkit as ak
     {"cli"},  # the attnkit command
     {"train"},  # python -m attnkit.train (torchrun's entry point)
+    {"__main__"},  # python -m attnkit
 ]
 RANK = {name: rank for rank, names in enumerate(ORDER) for name in names}
 
