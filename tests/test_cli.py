@@ -70,6 +70,7 @@ def test_explain_causal_prints_minus_inf_above_the_diagonal(capsys):
         (["explain", "--causal", "0"], "--causal"),
         (["explain", "--causal", "four"], "--causal"),
         (["explain", "--no-such-option"], "--no-such-option"),
+        (["models", "--bogus"], "--bogus (see 'attnkit models --help')"),
         (["no-such-command"], "no-such-command"),
     ],
 )

@@ -20,7 +20,10 @@ __all__ = ["UsageError", "build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named with the command's own help, not the top level's
+            where = f"attnkit {args.command}" if args.command else "attnkit"
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{where} --help')")
         if args.command is None:
             parser.print_help()
             return 0
