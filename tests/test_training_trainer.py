@@ -137,6 +137,23 @@ def test_stop_and_resume_gives_the_same_parameters_bit_for_bit(tmp_path):
     assert (tmp_path / "resumed" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_run_on_a_gpu_keeps_the_gpu_generator_too(tmp_path, monkeypatch):
+    """Dropout on a GPU draws from the GPU's own generator, so a checkpoint of a run that used
+    CUDA keeps its state and a resume puts it back (bench/README.md: on an H200 a resumed run
+    with dropout followed the straight one only so). No GPU here: torch.cuda's four calls
+    are stood in for, with a generator state of 16 bytes."""
+    gpu = {"state": torch.arange(16, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: gpu["state"].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state: gpu.update(state=state))
+    assert make_trainer(tmp_path / "run").fit(until=2).status == "paused"
+    gpu["state"] = torch.zeros(16, dtype=torch.uint8)  # the generator moves on
+    resumed = make_trainer(tmp_path / "run")
+    assert resumed.resume() and resumed.state.step == 2
+    assert torch.equal(gpu["state"], torch.arange(16, dtype=torch.uint8))
+
+
 def test_resume_without_a_checkpoint_changes_nothing(tmp_path):
     trainer = make_trainer(tmp_path / "run")
     assert trainer.resume() is False and trainer.state.step == 0

@@ -83,6 +83,9 @@ class TrainerState:
     elapsed_s: float = 0.0  # training wall time so far, over all sessions
     last_validation: dict[str, float] | None = None
     torch_rng: str = ""  # base64 of torch.get_rng_state(), filled in by save_checkpoint
+    # and of torch.cuda.get_rng_state() (this process's GPU), where the run has used CUDA:
+    # dropout on a GPU draws from the GPU's own generator
+    cuda_rng: str = ""
     task: dict[str, Any] = field(default_factory=dict)  # what Task.describe() says
     recipe: dict[str, Any] | None = None  # the recipe the run was started with, if any
 
@@ -153,11 +156,17 @@ def _encode_rng(state: Tensor) -> str:
     return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
 
+def _decode_rng(text: str) -> Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
 def restore_rng(state: TrainerState) -> None:
-    """Put back the torch CPU RNG state saved in ``state`` (dropout continues the same)."""
+    """Put back the torch RNG states saved in ``state``, the CPU's and (where saved and a GPU
+    is here) the GPU's: dropout continues the same."""
     if state.torch_rng:
-        raw = base64.b64decode(state.torch_rng)
-        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        torch.set_rng_state(_decode_rng(state.torch_rng))
+    if state.cuda_rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_decode_rng(state.cuda_rng))
 
 
 def save_checkpoint(
@@ -178,6 +187,8 @@ def save_checkpoint(
     byte for byte what ``model.save_pretrained(directory, tokenizer=tokenizer)`` writes.
     """
     state.torch_rng = _encode_rng(torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # never starts CUDA
+        state.cuda_rng = _encode_rng(torch.cuda.get_rng_state())
     tensors, meta = optimizer_state_to_tensors(optimizer)
     with atomic_directory(directory) as tmp:  # one temporary directory, renamed at the end
         write_pretrained(model, tmp, tokenizer=tokenizer)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attnkit.data import pad_batch
 from attnkit.tables import format_table
-from attnkit.training.tasks import Batch, ExampleTask
+from attnkit.training.tasks import Batch, ExampleTask, on_device
 
 __all__ = ["ClassificationTask", "classification_metrics", "classification_report", "classify"]
 
@@ -85,6 +85,7 @@ def classify(
         raise TypeError("classify: texts must be a list of strings, got one string")
     max_len = max_len or model.cfg.max_len
     ids, mask = pad_batch([_encode(tokenizer, t, max_len) for t in texts], tokenizer.pad_id)
+    ids, mask = on_device(model, {"ids": ids, "mask": mask}).values()  # (B, N) x 2
     was_training = model.training
     model.eval()
     try:
@@ -171,7 +172,7 @@ class ClassificationTask(ExampleTask):
         total, predicted, actual = 0.0, [], []
         try:
             for start in range(0, len(chosen), batch_size):
-                batch = self._collate(chosen[start : start + batch_size], split)
+                batch = on_device(model, self._collate(chosen[start : start + batch_size], split))
                 logits = model(batch["input_ids"], batch["attention_mask"]).float()  # (B, C)
                 total += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
                 predicted += logits.argmax(-1).tolist()

@@ -41,6 +41,13 @@ __all__ = ["Batch", "ExampleTask", "LanguageModelTask", "Task"]
 Batch = dict[str, Tensor]
 
 
+def on_device(model: nn.Module, batch: Batch) -> Batch:
+    """The batch's tensors on the device of ``model``'s weights. Batches are made on the CPU;
+    a model on a GPU (a run under torchrun on GPUs) evaluates them there."""
+    device = next(model.parameters()).device
+    return {key: value.to(device) for key, value in batch.items()}
+
+
 class Task(ABC):
     """One kind of training: batches, the loss, evaluation. See the module docstring."""
 
@@ -222,6 +229,7 @@ class LanguageModelTask(Task):
         total, tokens = 0.0, 0
         try:
             for x, y in self._eval_batches(split, batch_size, max_batches):  # (B, T), (B, T)
+                x, y = on_device(model, {"x": x, "y": y}).values()
                 logits = model(x)
                 total += float(
                     label_smoothed_cross_entropy(
@@ -250,9 +258,8 @@ class LanguageModelTask(Task):
         was_training = model.training
         model.eval()
         try:
-            out = model.generate(
-                torch.tensor([ids]), new, do_sample=True, temperature=0.8, seed=seed
-            )
+            prompt_ids = on_device(model, {"ids": torch.tensor([ids])})["ids"]  # (1, N)
+            out = model.generate(prompt_ids, new, do_sample=True, temperature=0.8, seed=seed)
         finally:
             model.train(was_training)
         return tokenizer.decode(out[0].tolist())

@@ -36,7 +36,7 @@ from attnkit.data import pad_batch
 from attnkit.files import atomic_write_text, read_json
 from attnkit.models import shift_right
 from attnkit.training.losses import label_smoothed_cross_entropy
-from attnkit.training.tasks import Batch, ExampleTask
+from attnkit.training.tasks import Batch, ExampleTask, on_device
 
 __all__ = [
     "DECODING_FILE",
@@ -109,6 +109,7 @@ def translate(
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             src, mask = pad_batch([encoded[i] for i in chunk], cfg.pad_id)  # (B, S), (B, S)
+            src, mask = on_device(model, {"src": src, "mask": mask}).values()
             budget = min(cfg.max_len - 1, int(1.5 * src.shape[1]) + 10)
             tgt = model.generate(
                 src,
@@ -244,7 +245,9 @@ class TranslationTask(ExampleTask):
         try:
             by_length = sorted(chosen, key=lambda i: len(self.ids[split][i][0]))
             for start in range(0, len(by_length), batch_size):
-                batch = self._collate(by_length[start : start + batch_size], split)
+                batch = on_device(
+                    model, self._collate(by_length[start : start + batch_size], split)
+                )
                 logits = model(
                     batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"]
                 )
