@@ -5,7 +5,10 @@
    linear attention against their references; cached against uncached greedy decoding.
 2. Compiled layers (``accel.compiled_layers``, what ``attnkit train --compile`` runs) on the
    GPU: the same loss and gradients as the eager step for each model family, in float32.
-3. Training throughput of ``lm-small`` (DecoderLM, vocab 8192, d_model 256, 8 heads, 4 layers,
+3. The trainer with a model on the GPU (as torchrun on GPUs runs it): a run with dropout
+   stopped and resumed equals the straight run bit for bit (the checkpoint keeps the GPU's
+   generator), and each task evaluates its CPU-made batches on the GPU, as on the CPU.
+4. Training throughput of ``lm-small`` (DecoderLM, vocab 8192, d_model 256, 8 heads, 4 layers,
    d_ff 1024, context 256) on one GPU with bf16 autocast and the fused attention path, eager
    and with compiled layers: tokens/s and model FLOPs utilisation against the GPU's measured
    bf16 matmul peak.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +31,11 @@ from torch._dynamo.utils import counters
 import attnkit as ak
 from attnkit import accel
 from attnkit.backends import linear_attention, linear_attention_weights, sliding_window_attention
+from attnkit.data import CharTokenizer
 from attnkit.masks import window_mask
+from attnkit.training import LanguageModelTask, TrainConfig, Trainer
+from attnkit.training.classification import ClassificationTask
+from attnkit.training.translation import TranslationTask
 
 DEVICE = "cuda"
 
@@ -156,6 +164,66 @@ def check_compiled_layers(report: dict) -> None:
     assert all(v["loss_gap"] < 1e-4 and v["worst_relative_grad_gap"] < 1e-3 for v in gaps.values())
 
 
+TEXT = "to be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+
+
+def _trainer(run_dir: Path) -> Trainer:
+    tokenizer = CharTokenizer.train([TEXT])
+    ids = torch.tensor(tokenizer.encode(TEXT * 5))
+    task = LanguageModelTask({"train": ids, "validation": ids[:200]}, 16, seed=3)
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset(
+        "tiny", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2, n_layers=1, d_ff=64,
+        max_len=16, dropout=0.1,
+    )  # fmt: skip
+    config = TrainConfig(
+        steps=14, batch_size=4, lr=3e-3, warmup=3, eval_every=3, eval_batches=2,
+        checkpoint_every=4, log_every=2, sample_tokens=8,
+    )  # fmt: skip
+    model = ak.DecoderLM(cfg).to(DEVICE)
+    return Trainer(model, task, config, run_dir, tokenizer=tokenizer, quiet=True)
+
+
+def check_training(report: dict) -> None:
+    """The trainer on the GPU: exact resume with dropout, and every task's evaluation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        straight = _trainer(Path(tmp, "straight"))
+        straight.fit()
+        first = _trainer(Path(tmp, "resumed"))
+        first.fit(until=7)
+        torch.manual_seed(12345)  # what happens in between must not matter
+        second = _trainer(Path(tmp, "resumed"))
+        assert second.resume() and second.state.step == 7
+        second.fit()
+        a, b = straight.model.state_dict(), second.model.state_dict()
+        report["resumed_equals_straight"] = all(torch.equal(a[k], b[k]) for k in a)
+        report["lm_validation_loss"] = straight.evaluate()["loss"]
+
+    pairs = [("ich bin hier", "i am here"), ("du bist da", "you are there")]
+    tokenizer = CharTokenizer.train([text for pair in pairs for text in pair])
+    task = TranslationTask({"train": pairs, "validation": pairs}, tokenizer, 48, seed=0)
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=64, dropout=0)
+    translator = ak.Transformer(cfg).to(DEVICE)
+    on_gpu = task.evaluate(translator, "validation", batch_size=2, beams=(1, 2))
+    on_cpu = task.evaluate(translator.cpu(), "validation", batch_size=2, beams=(1, 2))
+    report["translation_loss_gpu_minus_cpu"] = on_gpu["loss"] - on_cpu["loss"]
+
+    texts = [("很好", 1), ("太差了，不会再来", 0), ("服务一般般吧", 0)]
+    tokenizer = CharTokenizer.train([text for text, _ in texts])
+    labels = ("negative", "positive")
+    task = ClassificationTask({"train": texts, "validation": texts}, tokenizer, labels, 16)
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0)
+    classifier = ak.EncoderClassifier(cfg, 2).to(DEVICE)
+    on_gpu = task.evaluate(classifier, "validation", batch_size=2)
+    on_cpu = task.evaluate(classifier.cpu(), "validation", batch_size=2)
+    report["classification_loss_gpu_minus_cpu"] = on_gpu["loss"] - on_cpu["loss"]
+    assert report["resumed_equals_straight"], report
+    gaps = report["translation_loss_gpu_minus_cpu"], report["classification_loss_gpu_minus_cpu"]
+    assert all(abs(gap) < 1e-4 for gap in gaps), report
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
     a = torch.randn(n, n, device=DEVICE, dtype=dtype)
     b = torch.randn(n, n, device=DEVICE, dtype=dtype)
@@ -219,6 +287,7 @@ def main() -> None:
     check_attention(report)
     check_generation(report)
     check_compiled_layers(report)
+    check_training(report)
     peak = matmul_peak(torch.bfloat16)
     report["bf16_matmul_peak_tflops"] = peak / 1e12
     report["lm_small_training"] = []
