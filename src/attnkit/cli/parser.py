@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="the three-minute tour: softmax numbers, where 'it' looks, a tiny Shakespeare LM",
+        help="a tour of a minute or two: softmax numbers, where 'it' looks, a Shakespeare LM",
         description=(
-            "The tour in about three minutes: (1) the notes' softmax example with every number; "
+            "The tour in a minute or two: (1) the notes' softmax example with every number; "
             "(2) the shipped all-MiniLM-L6-v2 reads 'The animal didn't cross the street because "
             "it was too tired.' and shows where 'it' attends, layer by layer; (3) a tiny "
             "GPT-style model learns Shakespeare for about a minute and writes a sample; (4) an "

@@ -158,6 +158,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None) -> int:
     from attnkit.accel.onednn import describe_choice
     from attnkit.training import CheckpointError, TrainingDiverged
+    from attnkit.training.config import resolve_precision
 
     if args.resume:
         try:
@@ -168,6 +169,10 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
     say = (lambda *a, **k: None) if args.quiet or not main_rank else print
     cfg, train = model.cfg, recipe.train
     described = task.describe()
+    precision = resolve_precision(train.precision, trainer.device)
+    if train.precision == "auto":
+        why = "fast bf16 products" if precision == "bf16" else "no fast bf16 products here"
+        precision = f"{precision} (auto: {why})"
     unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
     sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
     length = "blocks" if unit == "tokens" else "at most"
@@ -186,13 +191,13 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
         f"  train  {train.steps:,} steps x {train.batch_size}"
         + (f" in {train.accumulate} micro-batches" if train.accumulate > 1 else "")
         + f", {train.schedule} lr {train.lr:g}, "
-        f"warm-up {train.warmup}, {train.precision}"
+        f"warm-up {train.warmup}, {precision}"
         + (", compiled layers" if train.compile else "")
         + f", seed {train.seed}, "
         f"{torch.get_num_threads()} CPU thread(s)"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
-    if (trainer.device.type, train.precision) == ("cpu", "fp32"):
+    if trainer.device.type == "cpu" and precision.startswith("fp32"):
         say(f"  gemm   {describe_choice()}")  # measured once per processor, then kept
     for line in report.lines() if report else ():
         say(f"  {line}")

@@ -65,8 +65,9 @@ def _add_training_commands(commands) -> None:
     )
     train.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
-        help="bf16 autocast (the same as --set train.precision=bf16)",
+        choices=("fp32", "bf16", "auto"),
+        help="bf16 autocast, float32, or auto: bf16 where this CPU has fast bf16 matrix "
+        "products, else fp32 (the same as --set train.precision=...)",
     )
     train.add_argument(
         "--compile",

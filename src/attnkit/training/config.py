@@ -24,11 +24,12 @@ __all__ = [
     "TrainingDiverged",
     "make_optimizer",
     "precision_context",
+    "resolve_precision",
     "step_context",
     "train_config_fields",
 ]
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclass
@@ -53,7 +54,9 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 0  # also keep the models of the last N checkpoints (to average)
     log_every: int = 10  # steps per line of metrics.jsonl
-    precision: str = "fp32"  # "fp32" | "bf16" (autocast; weights and optimizer stay fp32)
+    # "fp32" | "bf16" (autocast; weights and optimizer stay fp32) | "auto" (bf16 where the
+    # device has fast bf16 products, else fp32: resolve_precision)
+    precision: str = "fp32"
     compile: bool = False  # the Transformer layers through torch.compile (accel.compiled_layers)
     seed: int = 0  # model init, data order, dropout
     threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
@@ -146,13 +149,29 @@ class TrainResult:
 SLOW_BF16 = (
     "train.precision='bf16': torch has no fast bf16 matrix products on this CPU (on x86 they "
     "need AVX-512), so they fall back to a scalar loop, many times slower than float32; "
-    "use precision fp32 here"
+    "use precision fp32 (or auto, which picks it) here"
 )
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``"fp32"`` or ``"bf16"`` as given; ``"auto"`` is bf16 where ``device`` has fast bf16
+    matrix products (a CPU where :func:`attnkit.accel.bf16_products_fast` says so, a GPU that
+    supports bf16) and fp32 elsewhere: on an AVX2-only CPU such as AMD's Zen 3, bf16 products
+    take a scalar loop at about a hundredth of float32's speed."""
+    if precision != "auto":
+        return precision
+    if device.type == "cpu":
+        fast = accel.bf16_products_fast()
+    else:
+        fast = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return "bf16" if fast else "fp32"
+
+
 def precision_context(precision: str, device: torch.device):
-    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``. bf16 on a CPU where
-    torch has no fast bf16 products (:func:`attnkit.accel.bf16_products_fast`) warns, once."""
+    """bf16 autocast on ``device`` for ``"bf16"``; nothing for ``"fp32"``; ``"auto"`` as
+    :func:`resolve_precision` decides. bf16 asked for by name on a CPU where torch has no fast
+    bf16 products (:func:`attnkit.accel.bf16_products_fast`) warns, once."""
+    precision = resolve_precision(precision, device)
     if precision == "bf16":
         if device.type == "cpu" and not accel.bf16_products_fast():
             warnings.warn(SLOW_BF16, RuntimeWarning, stacklevel=2)
