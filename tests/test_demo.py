@@ -42,7 +42,7 @@ def test_it_attends_to_animal_more_than_to_street_in_the_upper_layers():
 
 def test_the_demo_trains_in_the_precision_this_cpu_runs_fast(tmp_path):
     """Step 3 for real, as short as it goes (30 steps): the recipe's precision "auto" never
-    takes bf16 where its products crawl (on a Zen 3, a bf16 demo took over half an hour), so
+    takes bf16 where its products crawl (on a Zen 3 a bf16 demo was heading for 35 minutes), so
     nothing warns; the loss curve and a sample come out."""
     threads = torch.get_num_threads()
     try:
