@@ -48,8 +48,12 @@ def return_freed_memory(threshold: int = 128 * 1024):
     """Inside the block, blocks above ``threshold`` bytes get their own mappings and freed heap
     above it goes back to the kernel, so that a resident-set peak measures the block's own
     memory; after it, :func:`keep_freed_memory`'s thresholds again if it had set them (glibc
-    cannot report its settings, so nothing else is restored)."""
-    _set_thresholds(threshold, threshold)
+    cannot report its settings, so nothing else is restored). On entry the free memory the
+    process kept goes back to the kernel too (``malloc_trim``): malloc serves a block from a
+    free chunk before it maps a new one, so a block would otherwise reuse pages that are
+    already resident and show no growth."""
+    if _set_thresholds(threshold, threshold):
+        _libc().malloc_trim(0)
     try:
         yield
     finally:
@@ -61,8 +65,12 @@ def _set_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
     """glibc's ``mallopt`` for both thresholds; False on another C library."""
     if platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = _libc()
     return bool(
         libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
         and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     )
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))
