@@ -23,7 +23,7 @@ from attnkit.training import (
     noam_lr,
     smoothed_targets,
 )
-from attnkit.training.config import precision_context, resolve_precision
+from attnkit.training.config import precision_context, resolve_device, resolve_precision
 from attnkit.training.recipes import build_config, recipe_differences
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -114,6 +114,36 @@ def test_auto_precision_is_bf16_only_where_the_products_are_fast(monkeypatch):
             with precision_context("auto", cpu):
                 assert torch.is_autocast_enabled("cpu") == (chosen == "bf16")
     assert TrainConfig(precision="auto").precision == "auto"
+
+
+def test_train_device_picks_a_gpu_where_torch_sees_one_and_refuses_one_it_does_not(monkeypatch):
+    cpu, gpus = torch.device("cpu"), {"n": 0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["n"] > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["n"])
+    assert resolve_device("auto", cpu) == cpu and resolve_device("cpu", cpu) == cpu
+    for device, seen in (("cuda", "no GPU"), ("cuda:2", "no GPU")):
+        with pytest.raises(ValueError, match=f"train.device='{device}': torch sees {seen} here"):
+            resolve_device(device, cpu)
+    gpus["n"] = 2
+    cuda = torch.device("cuda", 0)
+    assert resolve_device("auto", cpu) == cuda and resolve_device("cuda", cpu) == cuda
+    assert resolve_device("cuda:1", cpu) == torch.device("cuda", 1)
+    assert resolve_device("cpu", cuda) == cpu  # as named, even for a model on a GPU
+    assert resolve_device("auto", torch.device("cuda", 1)) == torch.device("cuda", 1)  # stays
+    with pytest.raises(ValueError, match=r"torch sees 2 GPU\(s\), cuda:0 to cuda:1 here"):
+        resolve_device("cuda:2", cpu)
+    # under torchrun each process takes its own GPU (or the CPU) and train.device can only agree
+    assert resolve_device("auto", cpu, local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda", cpu, local_rank=1) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="under torchrun: each process trains on its GPU"):
+        resolve_device("cpu", cpu, local_rank=1)
+    gpus["n"] = 0
+    assert resolve_device("cpu", cpu, local_rank=1) == cpu
+    with pytest.raises(ValueError, match="under torchrun: each process trains on the CPU here"):
+        resolve_device("cuda:0", cpu, local_rank=0)
+    for bad in ("gpu", "cuda:", "CPU", "mps", 0):
+        with pytest.raises(ValueError, match=r"train\.device must be auto, cpu, cuda or cuda:N"):
+            TrainConfig(device=bad)
 
 
 def test_bf16_products_are_fast_where_the_cpu_has_the_avx512_torch_needs():

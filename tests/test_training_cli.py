@@ -114,6 +114,8 @@ def test_resume_through_the_command_line_is_exact(tmp_path, capsys):
         (["--set", "train.steps=ten"], "train.steps must be int, got 'ten'"),
         (["--set", "model.d_model=33"], "must divide d_model=33"),
         (["--precision", "fp16"], "argument --precision: invalid choice"),
+        (["--device", "tpu"], "train.device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+        (["--device", "cuda:7"], "train.device='cuda:7': torch sees"),
     ],
 )
 def test_train_usage_errors_are_one_line_naming_the_key(tmp_path, capsys, argv, message):

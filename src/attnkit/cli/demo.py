@@ -59,22 +59,27 @@ def _minilm():
 
 
 def _steps_per_second(model, task, train) -> float:
-    """Training steps a second here: forward and backward of a copy of ``model`` on one batch
-    under the run's precision and levers, the median of 3 after one untimed. Processors differ
-    by several times at this (thread counts, bf16 products), so the demo sizes its run by it."""
+    """Training steps a second here: forward and backward of a copy of ``model`` on one batch,
+    on the device the run trains on, under its precision and levers, the median of 3 after one
+    untimed. Processors differ by several times at this (thread counts, bf16 products), so the
+    demo sizes its run by it."""
     import copy
 
     from attnkit import accel
-    from attnkit.training.config import step_context
+    from attnkit.training.config import resolve_device, step_context
+    from attnkit.training.tasks import on_device
 
-    probe = accel.apply(copy.deepcopy(model)).train()
-    batch = task.train_batch(0, 0, train.batch_size)
+    device = resolve_device(train.device, torch.device("cpu"))  # where the Trainer will train
+    probe = accel.apply(copy.deepcopy(model)).to(device).train()
+    batch = on_device(probe, task.train_batch(0, 0, train.batch_size))
     times = []
     for _ in range(4):
         start = time.perf_counter()
-        with step_context(train.precision, torch.device("cpu")):
+        with step_context(train.precision, device):
             loss, _ = task.loss(probe, batch)
         loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return 1.0 / sorted(times[1:])[1]
 

@@ -46,6 +46,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"model.init={args.init}")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
+    if args.device:
+        overrides.append(f"train.device={args.device}")
     if args.compile:
         overrides.append("train.compile=true")
     try:
@@ -106,7 +108,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             pretrained=report.loaded if report else (),
         )
-    except ValueError as error:  # batch < world, a freeze pattern that matches nothing
+    except ValueError as error:  # batch < world, a freeze pattern that matches nothing, no GPU
         raise UsageError(str(error)) from None
     try:
         return _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report)
@@ -146,6 +148,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     rest += ["--resume"] * args.resume + ["--quiet"] * args.quiet
     if args.precision:
         rest += ["--precision", args.precision]
+    if args.device:
+        rest += ["--device", args.device]
     rest += ["--compile"] * args.compile
     rest += ["--strategy", args.strategy]
     launcher = ["--standalone", "--nproc-per-node", str(args.nproc), "-m", "attnkit.train"]
@@ -169,10 +173,14 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
     say = (lambda *a, **k: None) if args.quiet or not main_rank else print
     cfg, train = model.cfg, recipe.train
     described = task.describe()
-    precision = resolve_precision(train.precision, trainer.device)
+    device = trainer.device
+    precision = label = resolve_precision(train.precision, device)
     if train.precision == "auto":
         why = "fast bf16 products" if precision == "bf16" else "no fast bf16 products here"
-        precision = f"{precision} (auto: {why})"
+        label = f"{precision} (auto: {why})"
+    where = f"{torch.get_num_threads()} CPU thread(s)"
+    if device.type == "cuda":
+        where = f"on {device} ({torch.cuda.get_device_name(device)})"
     unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
     sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
     length = "blocks" if unit == "tokens" else "at most"
@@ -191,13 +199,13 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
         f"  train  {train.steps:,} steps x {train.batch_size}"
         + (f" in {train.accumulate} micro-batches" if train.accumulate > 1 else "")
         + f", {train.schedule} lr {train.lr:g}, "
-        f"warm-up {train.warmup}, {precision}"
+        f"warm-up {train.warmup}, {label}"
         + (", compiled layers" if train.compile else "")
         + f", seed {train.seed}, "
-        f"{torch.get_num_threads()} CPU thread(s)"
+        f"{where}"
         + (f", {trainer.dist.world} processes ({trainer.strategy})" if trainer.dist.enabled else "")
     )
-    if trainer.device.type == "cpu" and precision.startswith("fp32"):
+    if device.type == "cpu" and precision == "fp32":
         say(f"  gemm   {describe_choice()}")  # measured once per processor, then kept
     for line in report.lines() if report else ():
         say(f"  {line}")

@@ -29,6 +29,7 @@ def _add_training_commands(commands) -> None:
             "  attnkit train examples/shakespeare-char-3min.toml\n"
             "  attnkit train examples/shakespeare-char.toml --precision bf16\n"
             "  attnkit train examples/shakespeare-char.toml --compile\n"
+            "  attnkit train examples/shakespeare-char.toml --device cuda\n"
             "  attnkit train examples/shakespeare-char.toml --set train.steps=200 "
             "--set model.n_layers=2 --out runs/quick\n"
             "  attnkit train examples/shakespeare-char.toml --resume\n"
@@ -66,8 +67,15 @@ def _add_training_commands(commands) -> None:
     train.add_argument(
         "--precision",
         choices=("fp32", "bf16", "auto"),
-        help="bf16 autocast, float32, or auto: bf16 where this CPU has fast bf16 matrix "
+        help="bf16 autocast, float32, or auto: bf16 where the device has fast bf16 matrix "
         "products, else fp32 (the same as --set train.precision=...)",
+    )
+    train.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where to train: auto (a GPU where torch sees one, else the CPU; the default), "
+        "cpu, cuda or cuda:N (the same as --set train.device=...). Under --nproc each "
+        "process takes its own GPU, or the CPU",
     )
     train.add_argument(
         "--compile",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import warnings
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
@@ -24,6 +25,7 @@ __all__ = [
     "TrainingDiverged",
     "make_optimizer",
     "precision_context",
+    "resolve_device",
     "resolve_precision",
     "step_context",
     "train_config_fields",
@@ -57,6 +59,9 @@ class TrainConfig:
     # "fp32" | "bf16" (autocast; weights and optimizer stay fp32) | "auto" (bf16 where the
     # device has fast bf16 products, else fp32: resolve_precision)
     precision: str = "fp32"
+    # "auto" (a GPU where torch sees one, else the CPU) | "cpu" | "cuda" | "cuda:N":
+    # resolve_device; under torchrun each process takes its own GPU or the CPU
+    device: str = "auto"
     compile: bool = False  # the Transformer layers through torch.compile (accel.compiled_layers)
     seed: int = 0  # model init, data order, dropout
     threads: int = 0  # CPU threads for torch (0: torch's default); `attnkit train` sets it
@@ -115,6 +120,10 @@ class TrainConfig:
             raise ValueError("train.warmup must be >= 1 for the noam schedule")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(
+            r"auto|cpu|cuda(:\d+)?", self.device
+        ):
+            raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,6 +174,37 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     else:
         fast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return "bf16" if fast else "fp32"
+
+
+def resolve_device(
+    device: str, current: torch.device, local_rank: int | None = None
+) -> torch.device:
+    """Where a run trains, for ``train.device``. In one process: ``"auto"`` keeps a model
+    already on a GPU where it is, else takes the first GPU torch sees, else the CPU; ``"cpu"``,
+    ``"cuda"`` and ``"cuda:N"`` as named, refused where torch sees no such GPU. Under torchrun
+    (``local_rank`` given) each process takes its own GPU, cuda:LOCAL_RANK, where torch sees
+    one, else the CPU (as the process group was set up), and ``train.device`` may only agree."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank is not None:
+        chosen = torch.device("cuda", local_rank) if gpus else torch.device("cpu")
+        if device != "auto" and torch.device(device).type != chosen.type:
+            raise ValueError(
+                f"train.device={device!r} under torchrun: each process trains on "
+                f"{'its GPU (cuda:LOCAL_RANK)' if gpus else 'the CPU'} here; leave it at auto"
+            )
+        return chosen
+    if device == "auto":
+        if current.type != "cpu":
+            return current
+        return torch.device("cuda", 0) if gpus else torch.device("cpu")
+    chosen = torch.device(device)
+    if chosen.type == "cuda":
+        index = chosen.index or 0
+        if index >= gpus:
+            seen = f"{gpus} GPU(s), cuda:0 to cuda:{gpus - 1}" if gpus else "no GPU"
+            raise ValueError(f"train.device={device!r}: torch sees {seen} here")
+        return torch.device("cuda", index)
+    return chosen
 
 
 def precision_context(precision: str, device: torch.device):

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from attnkit.training.config import resolve_device
+
 __all__ = [
     "STRATEGIES",
     "DistEnv",
@@ -225,16 +227,18 @@ def load_full_optimizer_state(
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(False))
 
 
-def wrap_model(model: nn.Module, env, strategy: str) -> tuple[nn.Module, nn.Module]:
-    """(what the training forward runs, the plain model). The model itself twice for one
-    process; under torchrun DistributedDataParallel around it, or the model sharded in place by
-    FSDP2 with a full copy made before sharding as the plain model."""
+def wrap_model(
+    model: nn.Module, env, strategy: str, device: str = "auto"
+) -> tuple[nn.Module, nn.Module]:
+    """(what the training forward runs, the plain model), moved where ``device``
+    (``train.device``) says (:func:`~attnkit.training.config.resolve_device`). The model itself
+    twice for one process; under torchrun DistributedDataParallel around it, or the model
+    sharded in place by FSDP2 with a full copy made before sharding as the plain model."""
+    rank = env.local_rank if env.enabled else None
+    model.to(resolve_device(device, next(model.parameters()).device, rank))
     if not env.enabled:
         return model, model
-    device_ids = None
-    if torch.cuda.is_available():
-        model.to(torch.device("cuda", env.local_rank))
-        device_ids = [env.local_rank]
+    device_ids = [env.local_rank] if torch.cuda.is_available() else None
     if strategy == "fsdp":
         plain = copy.deepcopy(model)  # the plain copy (before the shards replace it)
         for param in plain.parameters():

@@ -144,7 +144,7 @@ class Trainer:
                 "every rank needs at least one row"
             )
         # what the training forward runs, and (FSDP) the plain full copy made before sharding
-        self.train_model, self.model = wrap_model(model, self.dist, strategy)
+        self.train_model, self.model = wrap_model(model, self.dist, strategy, config.device)
         self.device = next(self.model.parameters()).device
         # The optimizer steps the parameters the training forward uses (sharded under FSDP).
         self.optimizer, self._param_names = make_optimizer(
