@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import attnkit as ak
 from attnkit.cli import main
+from attnkit.training.config import resolve_precision
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHAKESPEARE = str(EXAMPLES / "shakespeare-char.toml")
@@ -64,6 +66,7 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     printed = capsys.readouterr().out
     assert "finished: step 40" in printed and "validation loss" in printed
     assert "  gemm   float32 products: " in printed  # which GEMM, and why (accel.onednn)
+    assert ", seed 0, 1 CPU thread(s)" in printed  # where it trained (train.device auto: here)
 
     train, validation = records(out, "train"), records(out, "validation")
     assert train[-1]["loss"] < train[0]["loss"] - 0.5  # the loss falls
@@ -75,8 +78,10 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     model = ak.from_pretrained(ckpt)
     assert isinstance(model, ak.DecoderLM) and model.cfg.d_model == 32
 
-    assert main(["evaluate", str(ckpt), "--max-batches", "2"]) == 0
+    assert main(["evaluate", str(ckpt), "--max-batches", "2", "--precision", "auto"]) == 0
     table = capsys.readouterr().out
+    chosen = resolve_precision("auto", torch.device("cpu"))  # fp32 where bf16 products are slow
+    assert f"task lm, {chosen} (auto)\n" in table
     rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
     assert {"split", "validation", "test"} <= rows.keys()
     assert rows["split"][1:] == ["loss", "perplexity", "bits_per_token", "tokens"]

@@ -22,7 +22,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
 
     from attnkit.data import CorpusNotFoundError
     from attnkit.training.classification import classification_report
-    from attnkit.training.config import precision_context
+    from attnkit.training.config import precision_context, resolve_precision
     from attnkit.training.recipes import build_task
     from attnkit.training.translation import score_signatures, write_translations
 
@@ -87,7 +87,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
         print(json.dumps({"checkpoint": str(path), "step": step, **results}, indent=2))
         return
     where = f"step {step:,}, " if step is not None else ""
-    print(f"{path}: {type(model).__name__}, {where}task {task.name}, {args.precision}\n")
+    precision = resolve_precision(args.precision, torch.device("cpu"))
+    precision += " (auto)" if args.precision == "auto" else ""
+    print(f"{path}: {type(model).__name__}, {where}task {task.name}, {precision}\n")
     if task.name == "classification":
         print(classification_report(results, task.labels))
         return
