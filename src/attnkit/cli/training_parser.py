@@ -139,13 +139,7 @@ def _add_training_commands(commands) -> None:
     evaluate.add_argument(
         "--max-batches", type=int, default=None, metavar="N", help="at most N batches per split"
     )
-    evaluate.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "auto"),
-        default="fp32",
-        help="fp32 (default), bf16 autocast, or auto: bf16 where this CPU has fast bf16 "
-        "matrix products, else fp32",
-    )
+    _add_evaluation_precision(evaluate)
     evaluate.add_argument("--recipe", metavar="FILE", help="the data to evaluate on, as a recipe")
     evaluate.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
@@ -265,13 +259,7 @@ def _add_training_commands(commands) -> None:
         help="length penalties to try (default 0.6 0.8 1 1.2 1.5)",
     )
     tune.add_argument("--batch-size", type=int, default=64, metavar="B")
-    tune.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "auto"),
-        default="fp32",
-        help="fp32 (default), bf16 autocast, or auto: bf16 where this CPU has fast bf16 "
-        "matrix products, else fp32",
-    )
+    _add_evaluation_precision(tune)
     tune.add_argument(
         "--recipe", metavar="FILE", help="the data, as a recipe (default: the model's)"
     )
@@ -300,3 +288,13 @@ def _add_training_commands(commands) -> None:
     classify.add_argument("texts", nargs="+", metavar="TEXT", help="a text to label")
     classify.add_argument("--all", action="store_true", help="every label's probability")
     classify.set_defaults(handler=_cmd_classify)
+
+
+def _add_evaluation_precision(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "auto"),
+        default="fp32",
+        help="fp32 (default), bf16 autocast, or auto: bf16 where this CPU has fast bf16 "
+        "matrix products, else fp32",
+    )
