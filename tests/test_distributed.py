@@ -149,12 +149,26 @@ def test_nproc_runs_the_same_command_under_torchrun(monkeypatch, capsys):
 
     monkeypatch.setattr(subprocess, "run", run)
     options = ["--set", "train.steps=3", "--out", "o", "--init", "w", "--resume", "--quiet"]
-    options += ["--precision", "bf16", "--compile", "--strategy", "fsdp"]
+    options += ["--precision", "bf16", "--device", "cpu", "--compile", "--strategy", "fsdp"]
     assert main(["train", SHAKESPEARE, "--nproc", "3", *options]) == 0
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     launcher += ["--nproc-per-node", "3", "-m", "attnkit.train", SHAKESPEARE]
     assert launched == [launcher + options]
     assert capsys.readouterr().out == ""  # --quiet: not even the torchrun line
+    # what every worker would refuse is refused once, before a launch: a bad recipe key, or a
+    # device the workers cannot take (each takes its own GPU, or here the CPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv, message in (
+        (["--set", "train.lrr=1"], "unknown key 'train.lrr'"),
+        (
+            ["--device", "cuda"],
+            "train.device='cuda' under torchrun: each process trains on the CPU",
+        ),
+    ):
+        assert main(["train", SHAKESPEARE, "--nproc", "2", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert len(launched) == 1
 
 
 @pytest.fixture(scope="module")
