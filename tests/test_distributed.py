@@ -160,6 +160,7 @@ def test_nproc_runs_the_same_command_under_torchrun(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for argv, message in (
         (["--set", "train.lrr=1"], "unknown key 'train.lrr'"),
+        (["--set", "train.batch_size=1"], "train.batch_size=1 cannot feed 2 process(es)"),
         (
             ["--device", "cuda"],
             "train.device='cuda' under torchrun: each process trains on the CPU",

@@ -52,8 +52,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, overrides)
     except RecipeError as error:
         raise UsageError(str(error)) from None
-    if args.nproc is not None:  # the recipe and its device checked once, here, not per worker
-        return _launch_torchrun(args, recipe.train.device)
+    if args.nproc is not None:  # the recipe checked once, here, not in every worker
+        return _launch_torchrun(args, recipe.train)
     out = Path(args.out) if args.out else Path("runs") / recipe.name
     try:
         existing = find_checkpoint(out)
@@ -130,18 +130,19 @@ def _load_init(path: str):
     return model, tokenizer
 
 
-def _launch_torchrun(args: argparse.Namespace, device: str) -> int:
+def _launch_torchrun(args: argparse.Namespace, train) -> int:
     """``attnkit train ... --nproc N``: the same command under ``torchrun --standalone``."""
     import subprocess
 
-    from attnkit.training.config import resolve_device
+    from attnkit.training.config import check_world, resolve_device
 
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
     if "LOCAL_RANK" in os.environ:
         raise UsageError("--nproc: this process already runs under torchrun; drop --nproc")
     try:  # what every worker would refuse
-        resolve_device(device, torch.device("cpu"), local_rank=0)
+        check_world(train, args.nproc)
+        resolve_device(train.device, torch.device("cpu"), local_rank=0)
     except ValueError as error:
         raise UsageError(str(error)) from None
     rest = [args.recipe]

@@ -23,6 +23,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
+    "check_world",
     "make_optimizer",
     "precision_context",
     "resolve_device",
@@ -174,6 +175,17 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     else:
         fast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return "bf16" if fast else "fp32"
+
+
+def check_world(config: TrainConfig, world: int) -> None:
+    """Refuse a global batch too small for ``world`` processes x ``train.accumulate``
+    micro-batches: every micro-batch of every rank needs at least one row."""
+    if config.batch_size < world * config.accumulate:
+        raise ValueError(
+            f"train.batch_size={config.batch_size} cannot feed {world} process(es) "
+            f"x train.accumulate={config.accumulate} micro-batches: every micro-batch of "
+            "every rank needs at least one row"
+        )
 
 
 def resolve_device(

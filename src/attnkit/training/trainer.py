@@ -65,6 +65,7 @@ from attnkit.training.config import (
     TrainConfig,
     TrainingDiverged,
     TrainResult,
+    check_world,
     make_optimizer,
     step_context,
 )
@@ -137,12 +138,7 @@ class Trainer:
         self.frozen = freeze(model, config.freeze)  # before the optimizer sees the parameters
         accel.check_compiler(config.compile, sharded=self.sharded)  # train.compile: can it run?
         accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
-        if config.batch_size < self.dist.world * config.accumulate:
-            raise ValueError(
-                f"train.batch_size={config.batch_size} cannot feed {self.dist.world} process(es) "
-                f"x train.accumulate={config.accumulate} micro-batches: every micro-batch of "
-                "every rank needs at least one row"
-            )
+        check_world(config, self.dist.world)  # every micro-batch of every rank gets a row
         # what the training forward runs, and (FSDP) the plain full copy made before sharding
         self.train_model, self.model = wrap_model(model, self.dist, strategy, config.device)
         self.device = next(self.model.parameters()).device
