@@ -78,7 +78,12 @@ CASES = [
     (["generate", "{d}/badcfg", "hi"], 2, "config.json: not valid JSON ('utf-8' codec"),
     # generate: prompts and numbers
     (["generate", "{d}/dec"], 2, "expected one prompt, got 0 arguments"),
-    (["generate", "{d}/dec", ""], 2, "lower max_new_tokens to at most 127"),
+    (
+        ["generate", "{d}/dec", "", "--max-new-tokens", "200"],
+        2,
+        "lower max_new_tokens to at most 127",
+    ),
+    (["generate", "{d}/dec", "l" * 128], 2, "max_len=128; shorten the prompt"),
     (["generate", "{d}/dec", "hi", "--max-new-tokens", "0"], 2, "max_new_tokens must be a pos"),
     (["generate", "{d}/dec", "hi", "--max-new-tokens", "x"], 2, "--max-new-tokens: invalid int"),
     (["generate", "{d}/dec", "hi", "--max-new-tokens", "100000"], 2, "learned positions stop"),

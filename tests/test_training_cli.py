@@ -94,6 +94,10 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
 
     assert main(["generate", str(ckpt), prompt, "--max-new-tokens", "12", "--greedy"]) == 0
     assert capsys.readouterr().out.startswith(prompt)
+    # without --max-new-tokens: 200, or what the model's 32 learned positions leave after it
+    assert main(["generate", str(ckpt), prompt, "--greedy"]) == 0
+    text = capsys.readouterr().out[:-1]  # the final newline
+    assert text.startswith(prompt) and len(prompt) < len(text) <= 32, repr(text)
 
 
 def test_resume_through_the_command_line_is_exact(tmp_path, capsys):

@@ -382,8 +382,7 @@ def beam_search(
 
 def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
     """Check the model and the request; return the EOS id to stop at."""
-    cfg = getattr(model, "cfg", None)
-    family = getattr(model, "family", None)
+    cfg, family = getattr(model, "cfg", None), getattr(model, "family", None)
     if cfg is None or family not in ("decoder-only", "encoder-decoder"):
         raise TypeError(f"generate needs a DecoderLM or a Transformer, got {type(model).__name__}")
     eos_id = cfg.eos_id if eos_id is None else eos_id
@@ -397,11 +396,12 @@ def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
         needed = (input_ids.shape[1] if is_lm else 1) + max_new_tokens
         if needed > cfg.max_len:
             what = f"the prompt ({input_ids.shape[1]} tokens)" if is_lm else "BOS"
+            room = cfg.max_len - needed + max_new_tokens
+            fix = f"lower max_new_tokens to at most {room}" if room > 0 else "shorten the prompt"
             raise ValueError(
                 f"cannot generate {max_new_tokens} new tokens: {what} plus the new tokens need "
                 f"{needed} positions, but this model's {cfg.position} positions stop at "
-                f"max_len={cfg.max_len}; lower max_new_tokens to at most "
-                f"{cfg.max_len - needed + max_new_tokens}"
+                f"max_len={cfg.max_len}; {fix}"
             )
     if not is_lm and cfg.bos_id is None:
         raise ValueError("Transformer.generate needs cfg.bos_id to start the target")

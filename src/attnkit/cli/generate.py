@@ -42,6 +42,11 @@ def _cmd_generate(args: argparse.Namespace) -> None:
             raise UsageError("generate: the prompt is empty and the model has no BOS token")
         ids = [model.cfg.bos_id]
     prompt_ids = torch.tensor([ids])
+    new_tokens = args.max_new_tokens
+    if new_tokens is None:  # 200, or what the positions leave (at least 1: else generate says)
+        room = model.cfg.max_len - len(ids)
+        fixed = model.cfg.position in ("learned", "sinusoidal")
+        new_tokens = min(200, max(room, 1)) if fixed else 200
     new_ids: list[int] = []
     shown = ""
     # The new text is what decoding prompt + new tokens adds to the decoded prompt: decoding the
@@ -62,7 +67,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     try:
         out = model.generate(
             prompt_ids,
-            args.max_new_tokens,
+            new_tokens,
             do_sample=not args.greedy and args.beam == 1,
             temperature=args.temperature,
             top_k=args.top_k,

@@ -183,7 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--model", metavar="PATH", help="the model directory (same as --checkpoint)"
     )
-    generate.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
+    generate.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="how many tokens to add (default 200, or as many as fit where the model's "
+        "learned or sinusoidal positions end sooner)",
+    )
     generate.add_argument("--temperature", type=float, default=0.8)
     generate.add_argument("--top-k", type=int, default=None, metavar="K")
     generate.add_argument("--top-p", type=float, default=None, metavar="P")
