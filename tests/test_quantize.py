@@ -95,12 +95,18 @@ def test_bad_arguments_and_a_bad_layout_are_one_line_errors(tmp_path):
 def test_the_quantize_command(tmp_path):
     model = small()
     model.save_pretrained(tmp_path / "float")
+    # what the source says about its data and decoding goes with the copy (evaluate reads it)
+    recipe = {"name": "r", "task": "lm", "data": {"corpus": "shakespeare"}}
+    (tmp_path / "float" / "recipe.json").write_text(json.dumps(recipe))
+    (tmp_path / "float" / "decoding.json").write_text('{"num_beams": 3}')
     run = [sys.executable, "-m", "attnkit.cli", "quantize", str(tmp_path / "float")]
     done = subprocess.run(
         [*run, str(tmp_path / "q4"), "--scheme", "int4"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert "linear layers as int4" in done.stdout
+    assert json.loads((tmp_path / "q4" / "recipe.json").read_text()) == recipe
+    assert (tmp_path / "q4" / "decoding.json").read_text() == '{"num_beams": 3}'
     loaded = ak.from_pretrained(tmp_path / "q4")
     blocks = loaded.lm_head.blocks
     torch.testing.assert_close(

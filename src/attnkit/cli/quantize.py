@@ -65,11 +65,33 @@ def _cmd_quantize(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - start
     packed = sum(isinstance(m, PackedLinear) for m in model.modules())
     model.save_pretrained(args.out, tokenizer=tokenizer)
+    _keep_provenance(Path(args.model), Path(args.out))
     after = _size(model)
     print(
         f"{args.model} -> {args.out}: {packed} linear layers as {args.scheme} in {seconds:.1f} s; "
         f"weights {before / 2**20:.1f} MB -> {after / 2**20:.1f} MB"
     )
+
+
+def _keep_provenance(source, out) -> None:
+    """The source directory's recipe (the data it was trained on) and a translator's decoding
+    settings go with the quantized copy, so that ``attnkit evaluate``, ``translate`` and
+    ``tune-length-penalty`` read the copy as they read the source."""
+    import shutil
+
+    from attnkit.training.checkpoint import CheckpointError, read_recipe, write_recipe
+    from attnkit.training.translation import DECODING_FILE
+
+    if not source.is_dir():  # a GGUF file, a packaged model: no recipe to keep
+        return
+    try:
+        recipe = read_recipe(source)
+    except CheckpointError:  # unreadable: the weights still load; evaluate asks for --recipe
+        recipe = None
+    if recipe:
+        write_recipe(out, recipe)
+    if (source / DECODING_FILE).is_file():
+        shutil.copyfile(source / DECODING_FILE, out / DECODING_FILE)
 
 
 def _size(model) -> int:
