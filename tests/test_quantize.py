@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import attnkit as ak
 from attnkit.accel.packed import PackedLinear, dequantize
-from attnkit.accel.quantize import packed_layout
+from attnkit.accel.quantize import dequantize_model, packed_layout
 
 
 def small(family: str = "lm"):
@@ -73,6 +73,23 @@ def test_a_quantized_model_saves_and_loads_exactly(tmp_path, family):
     assert packed_layout(loaded) == packed_layout(model) != {}
     with torch.no_grad():
         assert torch.equal(loaded(ids), want)
+
+
+@pytest.mark.parametrize("family", ["lm", "classifier"])
+def test_dequantize_model_gives_float_layers_that_compute_the_same_and_train(family):
+    packed = ak.quantize(small(family), "int4")
+    model = ak.quantize(small(family), "int4")
+    assert dequantize_model(model) == len(packed_layout(packed)) > 0
+    assert not packed_layout(model) and "packed" not in model.cfg.extra
+    for name, module in packed.named_modules():
+        if isinstance(module, PackedLinear):
+            assert torch.equal(model.get_submodule(name).weight, module.dequantized()), name
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), packed(ids), atol=1e-4, rtol=1e-4)
+    model.train()(ids).square().mean().backward()  # every weight is a parameter again
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert dequantize_model(model) == 0  # nothing packed left
 
 
 def test_bad_arguments_and_a_bad_layout_are_one_line_errors(tmp_path):

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear
+from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, dequantize
 
-__all__ = ["SCHEMES", "packed_layout", "quantize", "restore_packed_layout"]
+__all__ = ["SCHEMES", "dequantize_model", "packed_layout", "quantize", "restore_packed_layout"]
 
 SCHEMES = {"int8": "Q8_0", "int4": "Q4_1", "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1"}
 GROUP_SIZE = 32  # weights per block in every format the kernel reads
@@ -75,6 +75,33 @@ def quantize(
             cfg.tie_embeddings = False  # the output layer holds blocks of its own now
         cfg.extra["packed"] = packed_layout(model)
     return model.eval()
+
+
+def dequantize_model(model: nn.Module) -> int:
+    """The way back for training, in place: every packed layer of ``model`` (from
+    :func:`quantize`, or a GGUF file read with ``dequantize=False``) becomes a float32
+    ``nn.Linear`` / ``nn.Embedding`` holding its blocks' values (the rounding stays). Returns
+    how many layers it replaced."""
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, PackedLinear):
+            new = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            weight, bias = module.dequantized(), module.bias
+        elif isinstance(module, PackedEmbedding):
+            new = nn.Embedding(module.num_embeddings, module.embedding_dim)
+            weight, bias = dequantize(module.blocks, module.kind), None
+        else:
+            continue
+        with torch.no_grad():
+            new.weight.copy_(weight.reshape(new.weight.shape))
+            if bias is not None:
+                new.bias.copy_(bias)
+        _replace(model, name, new)
+        replaced += 1
+    cfg = getattr(model, "cfg", None)
+    if replaced and cfg is not None:
+        cfg.extra.pop("packed", None)
+    return replaced
 
 
 def packed_layout(model: nn.Module) -> dict[str, str]:

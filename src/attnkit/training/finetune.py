@@ -60,6 +60,7 @@ class InitReport:
     loaded: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    dequantized: int = 0  # packed (quantized) layers of the source made float32 to train
 
     def lines(self) -> list[str]:
         """A few lines for the run's log: counts, with the created and dropped names."""
@@ -74,6 +75,11 @@ class InitReport:
             f"{len(self.created)} created, {len(self.dropped)} dropped",
             *([f"  created {names(self.created)[2:]}"] if self.created else []),
             *([f"  dropped {names(self.dropped)[2:]}"] if self.dropped else []),
+            *(
+                [f"  {self.dequantized} quantized layers dequantized to float32 to train"]
+                if self.dequantized
+                else []
+            ),
         ]
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnkit.accel.quantize import dequantize_model
 from attnkit.config import ModelConfig
 from attnkit.data import (
     BPETokenizer,
@@ -475,7 +476,11 @@ def build_pretrained_model(
 ) -> tuple[nn.Module, InitReport]:
     """The model of the recipe's task started from ``source`` (what ``model.init`` names,
     loaded) and the report of what was loaded, created and dropped. A recipe that does not
-    fit the weights is a ValueError naming the key."""
+    fit the weights is a ValueError naming the key. A quantized source (``attnkit quantize``)
+    trains from its blocks' values: its packed layers become float32 first, in place."""
+    dequantized = dequantize_model(source)
     check_init_recipe(recipe, source.cfg, tokenizer, name)
     labels = REVIEW_LABELS if recipe.task == "classification" else ()
-    return init_model(recipe, source, name, labels)
+    model, report = init_model(recipe, source, name, labels)
+    report.dequantized = dequantized
+    return model, report
