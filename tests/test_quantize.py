@@ -92,6 +92,17 @@ def test_dequantize_model_gives_float_layers_that_compute_the_same_and_train(fam
     assert dequantize_model(model) == 0  # nothing packed left
 
 
+def test_quantized_models_are_not_averaged(tmp_path):
+    from attnkit.training.averaging import average_models
+
+    cfg = small().cfg
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        ak.quantize(ak.DecoderLM(cfg), "int4").save_pretrained(tmp_path / f"q{seed}")
+    with pytest.raises(ValueError, match="blocks do not average: average the float32 models, th"):
+        average_models([tmp_path / "q0", tmp_path / "q1"], tmp_path / "mean")
+
+
 def test_bad_arguments_and_a_bad_layout_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"scheme must be one of .*got 'int3'"):
         ak.quantize(small(), "int3")

@@ -109,8 +109,10 @@ def average_models(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLi
                 elif tensor.is_floating_point():
                     sums[name] += tensor
                 elif not torch.equal(tensor, sums[name]):
+                    hint = "; quantized blocks do not average: average the float32 models, then "
                     raise ValueError(
                         f"average_models: integer tensor {name!r} differs in {first} and {model}"
+                        + (hint + "quantize" if name.endswith(".blocks") else "")
                     )
     if len(tokenizers) > 1:
         raise ValueError("average_models: the models have different tokenizers")
