@@ -153,6 +153,12 @@ class ModelConfig:
     def kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
+    @property
+    def position_limit(self) -> int | None:
+        """The most positions a sequence may have: max_len where the positions are a table
+        (learned, sinusoidal); None where they are computed (rotary, ALiBi) or absent."""
+        return self.max_len if self.position in ("learned", "sinusoidal") else None
+
     # ----------------------------------------------------------------------------------------
 
     @classmethod

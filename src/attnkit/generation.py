@@ -392,17 +392,16 @@ def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
         got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a (B, N) tensor of token ids, got {got}")
     is_lm = family == "decoder-only"
-    if cfg.position in ("learned", "sinusoidal"):
-        needed = (input_ids.shape[1] if is_lm else 1) + max_new_tokens
-        if needed > cfg.max_len:
-            what = f"the prompt ({input_ids.shape[1]} tokens)" if is_lm else "BOS"
-            room = cfg.max_len - needed + max_new_tokens
-            fix = f"lower max_new_tokens to at most {room}" if room > 0 else "shorten the prompt"
-            raise ValueError(
-                f"cannot generate {max_new_tokens} new tokens: {what} plus the new tokens need "
-                f"{needed} positions, but this model's {cfg.position} positions stop at "
-                f"max_len={cfg.max_len}; {fix}"
-            )
+    used, limit = (input_ids.shape[1] if is_lm else 1), cfg.position_limit
+    if limit is not None and used + max_new_tokens > limit:
+        what = f"the prompt ({used} tokens)" if is_lm else "BOS"
+        fix = f"lower max_new_tokens to at most {limit - used}"
+        fix = fix if limit > used else "shorten the prompt"
+        raise ValueError(
+            f"cannot generate {max_new_tokens} new tokens: {what} plus the new tokens need "
+            f"{used + max_new_tokens} positions, but this model's {cfg.position} positions stop "
+            f"at max_len={limit}; {fix}"
+        )
     if not is_lm and cfg.bos_id is None:
         raise ValueError("Transformer.generate needs cfg.bos_id to start the target")
     return eos_id

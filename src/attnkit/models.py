@@ -41,7 +41,7 @@ __all__ = [
 
 
 def _check_length(cfg: ModelConfig, length: int, what: str) -> None:
-    if cfg.position in ("learned", "sinusoidal") and length > cfg.max_len:
+    if cfg.position_limit is not None and length > cfg.position_limit:
         raise ValueError(
             f"{what} has {length} positions but this model's {cfg.position} positions stop at "
             f"max_len={cfg.max_len}"

@@ -43,10 +43,9 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         ids = [model.cfg.bos_id]
     prompt_ids = torch.tensor([ids])
     new_tokens = args.max_new_tokens
-    if new_tokens is None:  # 200, or what the positions leave (at least 1: else generate says)
-        room = model.cfg.max_len - len(ids)
-        fixed = model.cfg.position in ("learned", "sinusoidal")
-        new_tokens = min(200, max(room, 1)) if fixed else 200
+    if new_tokens is None:  # 200, or what a table of positions leaves (none: generate says why)
+        limit = model.cfg.position_limit
+        new_tokens = 200 if limit is None else min(200, max(limit - len(ids), 1))
     new_ids: list[int] = []
     shown = ""
     # The new text is what decoding prompt + new tokens adds to the decoded prompt: decoding the

@@ -450,7 +450,7 @@ def build_config(recipe: Recipe, vocab_size: int) -> ModelConfig:
         cfg = ModelConfig.preset(recipe.model["preset"], **values)
     else:
         cfg = ModelConfig(**values)
-    if cfg.position in ("learned", "sinusoidal") and cfg.max_len < recipe.data.block_size:
+    if cfg.position_limit is not None and cfg.position_limit < recipe.data.block_size:
         raise ValueError(
             f"model.max_len={cfg.max_len} is shorter than data.block_size="
             f"{recipe.data.block_size} ({cfg.position} positions stop at max_len)"
