@@ -239,7 +239,9 @@ class UnpaddedAttention(MultiHeadAttention):
         return self.out_proj(out.flatten(1))[None]  # Concat(heads) W^O, (1, T, D)
 
 
-@torch.compiler.disable
+# torch.compiler.disable, as torch's own modules write it: torch.compiler.disable imports Dynamo
+# at once (2 s for every process that imports attnkit), torch._disable_dynamo at the first call
+@torch._disable_dynamo
 def _eager_attention(module: UnpaddedAttention, x, context=None, **options):
     """``module(x, context, **options)`` run eagerly: inside a compiled layer
     (``accel.compiled_layers``), attention over packed rows runs between the layer's compiled

@@ -19,14 +19,6 @@ from pathlib import Path
 import torch
 
 from attnkit.cli._common import UsageError
-from attnkit.explain.plots import (
-    plot_attention_heads,
-    plot_attention_heatmap,
-    plot_mask,
-    plot_sinusoidal_table,
-)
-from attnkit.explain.report import attention_sections, render_attention_html
-from attnkit.explain.softmax import explain_softmax
 from attnkit.masks import causal_mask
 from attnkit.tables import format_table
 
@@ -134,6 +126,17 @@ def run_demo(
     ``train(out_dir, seconds)`` runs step 3 and returns (its pictures, a sample text); the
     default trains the shakespeare-char-3min recipe for ``train_seconds``.
     """
+    # here, not at the top: matplotlib takes 0.8 s to import, and every attnkit command would
+    # pay it (the command line imports each command's module to build its parser)
+    from attnkit.explain.plots import (
+        plot_attention_heads,
+        plot_attention_heatmap,
+        plot_mask,
+        plot_sinusoidal_table,
+    )
+    from attnkit.explain.report import attention_sections, render_attention_html
+    from attnkit.explain.softmax import explain_softmax
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images: list[tuple[Path, str]] = []

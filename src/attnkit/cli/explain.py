@@ -8,7 +8,6 @@ import math
 import torch
 
 from attnkit.cli._common import UsageError, _tokenize_for
-from attnkit.explain.softmax import explain_causal, explain_softmax
 from attnkit.models import DecoderLM, EncoderModel
 
 # --------------------------------------------------------------------------------------------
@@ -114,6 +113,9 @@ def _explain_text(args: argparse.Namespace) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> None:
+    # attnkit.explain loads matplotlib (0.8 s): only the commands that use it import it
+    from attnkit.explain.softmax import explain_causal, explain_softmax
+
     if args.topic is not None:
         if args.topic in TOPICS:
             TOPICS[args.topic](args)
