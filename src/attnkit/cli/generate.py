@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import torch
 
@@ -76,8 +77,16 @@ def _cmd_generate(args: argparse.Namespace) -> None:
             on_token=stream if args.beam == 1 else None,
             compile=args.compile,
         )
-    except ValueError as error:
-        raise UsageError(f"generate: {error}") from None
+    except ValueError as error:  # named as the options are, not as generate's arguments
+        message = re.sub(
+            r"\b(max_new_tokens|temperature|top_k|top_p|num_beams)\b", _option, str(error)
+        )
+        raise UsageError(f"generate: {message}") from None
     if args.beam > 1:
         print(prompt + tokenizer.decode(out[0].tolist())[len(base) :], end="")
     print()
+
+
+def _option(name: re.Match) -> str:
+    """model.generate's argument -> the option that sets it: num_beams -> --beam."""
+    return {"num_beams": "--beam"}.get(name[0], "--" + name[0].replace("_", "-"))
