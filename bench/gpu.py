@@ -7,7 +7,9 @@
    GPU: the same loss and gradients as the eager step for each model family, in float32.
 3. The trainer with a model on the GPU (as torchrun on GPUs runs it): a run with dropout
    stopped and resumed equals the straight run bit for bit (the checkpoint keeps the GPU's
-   generator), and each task evaluates its CPU-made batches on the GPU, as on the CPU.
+   generator), and each task evaluates its CPU-made batches on the GPU, as on the CPU; the
+   commands generate, translate and classify with ``--device cuda`` print what they print with
+   ``--device cpu``.
 4. Training throughput of ``lm-small`` (DecoderLM, vocab 8192, d_model 256, 8 heads, 4 layers,
    d_ff 1024, context 256) on one GPU with bf16 autocast and the fused attention path, eager
    and with compiled layers: tokens/s and model FLOPs utilisation against the GPU's measured
@@ -19,6 +21,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import tempfile
 import time
@@ -31,6 +35,7 @@ from torch._dynamo.utils import counters
 import attnkit as ak
 from attnkit import accel
 from attnkit.backends import linear_attention, linear_attention_weights, sliding_window_attention
+from attnkit.cli import main as main_command
 from attnkit.data import CharTokenizer
 from attnkit.masks import window_mask
 from attnkit.training import LanguageModelTask, TrainConfig, Trainer
@@ -84,6 +89,16 @@ def check_attention(report: dict) -> None:
     assert report["window_vs_math_max_abs"] < 1e-4 and report["linear_vs_quadratic_max_abs"] < 1e-3
 
 
+def _spread(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its matrices drawn wider: logits far apart, no near-ties for greedy
+    decoding and beam search to break differently on two devices."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(std=0.3)
+    return model
+
+
 def check_generation(report: dict) -> None:
     results = {}
     for name, overrides in {
@@ -95,11 +110,7 @@ def check_generation(report: dict) -> None:
     }.items():
         cfg = ak.ModelConfig.preset("tiny", vocab_size=64, eos_id=None, **overrides)
         torch.manual_seed(0)
-        model = ak.DecoderLM(cfg).to(DEVICE).eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.normal_(std=0.3)
+        model = _spread(ak.DecoderLM(cfg).to(DEVICE).eval())
         ids = torch.randint(5, 64, (3, 12), device=DEVICE)
         a = model.generate(ids, 40)
         b = model.generate(ids, 40, use_cache=False)
@@ -227,6 +238,48 @@ def check_training(report: dict) -> None:
     assert all(abs(gap) < 1e-4 for gap in gaps), report
 
 
+def _command(*argv: str) -> str:
+    """What ``attnkit ARGV`` prints, run in this process; it must exit 0."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main_command(list(argv))
+    assert status == 0, (argv, status)
+    return out.getvalue()
+
+
+def check_commands(report: dict) -> None:
+    """generate, translate and classify with ``--device cuda`` print what ``--device cpu``
+    prints (greedy decoding; probabilities to 3 decimals); a quantized model stays on the CPU."""
+    same = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = CharTokenizer.train([TEXT])
+        torch.manual_seed(0)
+        cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=64)
+        _spread(ak.DecoderLM(cfg)).save_pretrained(Path(tmp, "lm"), tokenizer=tokenizer)
+        pairs = [("ich bin hier", "i am here"), ("du bist da", "you are there")]
+        words = CharTokenizer.train([text for pair in pairs for text in pair])
+        cfg = ak.ModelConfig.preset("tiny", vocab_size=words.vocab_size, max_len=64)
+        _spread(ak.Transformer(cfg)).save_pretrained(Path(tmp, "mt"), tokenizer=words)
+        texts = CharTokenizer.train(["很好", "太差了，不会再来"])
+        cfg = ak.ModelConfig.preset("tiny", vocab_size=texts.vocab_size)
+        ak.EncoderClassifier(cfg, 2).save_pretrained(Path(tmp, "cls"), tokenizer=texts)
+        runs = {
+            "generate": ("generate", str(Path(tmp, "lm")), "to be", "--greedy",
+                         "--max-new-tokens", "40"),
+            "translate": ("translate", str(Path(tmp, "mt")), "ich bin da", "--beam", "2"),
+            "classify": ("classify", str(Path(tmp, "cls")), "很好", "不会再来", "--all"),
+        }  # fmt: skip
+        for name, argv in runs.items():
+            same[name] = _command(*argv, "--device", "cuda") == _command(*argv, "--device", "cpu")
+        _command("quantize", str(Path(tmp, "lm")), str(Path(tmp, "q4")), "--scheme", "int4")
+        quantized = ("generate", str(Path(tmp, "q4")), "to be", "--greedy", "--max-new-tokens", "8")
+        same["quantized_generate_auto_stays_on_cpu"] = _command(*quantized) == _command(
+            *quantized, "--device", "cpu"
+        )
+    report["commands_cuda_equals_cpu"] = same
+    assert all(same.values()), same
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
     a = torch.randn(n, n, device=DEVICE, dtype=dtype)
     b = torch.randn(n, n, device=DEVICE, dtype=dtype)
@@ -291,6 +344,7 @@ def main() -> None:
     check_generation(report)
     check_compiled_layers(report)
     check_training(report)
+    check_commands(report)
     peak = matmul_peak(torch.bfloat16)
     report["bf16_matmul_peak_tflops"] = peak / 1e12
     report["lm_small_training"] = []

@@ -93,6 +93,9 @@ CASES = [
     (["generate", "{d}/dec", "hi", "--top-k", "0"], 2, "--top-k must be a positive int"),
     (["generate", "{d}/dec", "hi", "--beam", "0"], 2, "--beam must be a positive int"),
     (["generate", "{d}/dec", "hi", "--seed", "x"], 2, "argument --seed: invalid int value"),
+    (["generate", "{d}/dec", "hi", "--device", "cuda:7"], 2, "--device='cuda:7': torch sees"),
+    (["translate", "{d}/dec", "hi", "--device", "cuda"], 2, "translate needs an encoder-decoder"),
+    (["classify", "{d}/enc", "hi", "--device", "tpu"], 2, "argument --device: expected auto, cpu"),
     # evaluate
     (["evaluate", "{d}/missing"], 2, "CHECKPOINT: {d}/missing is not a directory"),
     (["evaluate", "{d}/file.txt"], 2, "is not a directory"),

@@ -2,6 +2,7 @@
 steps), exact resume through the command line, signals, and one-line usage errors."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     assert main(["evaluate", str(ckpt), "--max-batches", "2", "--precision", "auto"]) == 0
     table = capsys.readouterr().out
     chosen = resolve_precision("auto", torch.device("cpu"))  # fp32 where bf16 products are slow
-    assert f"task lm, {chosen} (auto)\n" in table
+    assert f"task lm, {chosen} (auto), " in table and " CPU thread(s)\n" in table  # device auto
     rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
     assert {"split", "validation", "test"} <= rows.keys()
     assert rows["split"][1:] == ["loss", "perplexity", "bits_per_token", "tokens"]
@@ -92,7 +93,8 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 40 and result["validation"]["tokens"] > 0
 
-    assert main(["generate", str(ckpt), prompt, "--max-new-tokens", "12", "--greedy"]) == 0
+    greedy = ["--max-new-tokens", "12", "--greedy", "--device", "cpu"]
+    assert main(["generate", str(ckpt), prompt, *greedy]) == 0
     assert capsys.readouterr().out.startswith(prompt)
     # without --max-new-tokens: 200, or what the model's 32 learned positions leave after it
     assert main(["generate", str(ckpt), prompt, "--greedy"]) == 0
@@ -153,6 +155,43 @@ def test_evaluate_usage_errors(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "plain")]) == 2
     assert "has no trainer_state.json or recipe.json" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "plain"), "--max-batches", "0"]) == 2
+
+
+def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_stay_on_the_cpu(
+    monkeypatch, capsys
+):
+    # evaluate, tune-length-penalty, translate, classify and generate move their model with
+    # --device (bench/gpu.py runs them on a GPU); torch.cuda and Module.to are stood in for
+    from attnkit.accel.quantize import quantize
+    from attnkit.cli._common import UsageError, _to_device
+
+    gpus = {"n": 0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["n"] > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["n"])
+    cfg = ak.ModelConfig.preset("tiny", d_model=64, n_heads=2, n_layers=1, d_ff=128)
+    model, packed = ak.DecoderLM(cfg), quantize(ak.DecoderLM(cfg), "int4")
+    moved = []
+    for m in (model, packed):
+        m.to = lambda device, m=m: moved.append((m, device)) or m
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert _to_device(model, "auto", "M") == cpu and _to_device(model, "cpu", "M") == cpu
+    with pytest.raises(UsageError, match=re.escape("--device='cuda': torch sees no GPU here")):
+        _to_device(model, "cuda", "M")
+    for device in ("gpu", "cuda:x", "CPU"):  # refused by the parser, before a model is loaded
+        assert main(["evaluate", "no-such-dir", "--device", device]) == 2
+        message = f"argument --device: expected auto, cpu, cuda or cuda:N, got '{device}'"
+        assert message in capsys.readouterr().err
+    gpus["n"] = 1
+    moved.clear()
+    assert _to_device(model, "auto", "M") == cuda and moved == [(model, cuda)]
+    assert _to_device(packed, "auto", "Q") == cpu  # its packed layers run in C on the CPU
+    with pytest.raises(UsageError, match="Q has quantized layers, which run on the CPU only"):
+        _to_device(packed, "cuda", "Q")
+    assert all(device.type == "cpu" for m, device in moved if m is packed)
+    for command in ("evaluate", "tune-length-penalty", "translate", "classify", "generate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--device DEVICE" in capsys.readouterr().out, command
 
 
 def test_help_shows_examples(capsys):

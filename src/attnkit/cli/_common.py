@@ -32,6 +32,57 @@ def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_device_option(parser: argparse.ArgumentParser, work: str) -> None:
+    """``--device``, for the commands that run a model without training it."""
+    parser.add_argument(
+        "--device",
+        default="auto",
+        type=_device_name,
+        metavar="DEVICE",
+        help=f"where to {work}: auto (a GPU where torch sees one, else the CPU; the default), "
+        "cpu, cuda or cuda:N. A model with quantized layers stays on the CPU",
+    )
+
+
+def _device_name(text: str) -> str:
+    """``--device``'s value, checked before any model is loaded."""
+    import re
+
+    from attnkit.training.config import DEVICES
+
+    if not re.fullmatch(DEVICES, text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def _to_device(model, device: str, path: str) -> torch.device:
+    """Move ``model`` to ``--device`` and return where it is. Quantized (packed) layers run
+    on the CPU: auto keeps such a model there, and a GPU named for it is refused."""
+    from attnkit.accel.quantize import packed_layout
+    from attnkit.training.config import resolve_device
+
+    packed = bool(packed_layout(model))
+    try:
+        asked = "cpu" if packed and device == "auto" else device
+        chosen = resolve_device(asked, torch.device("cpu"), name="--device")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if packed and chosen.type != "cpu":
+        raise UsageError(
+            f"--device={device!r}: {path} has quantized layers, which run on the CPU only; "
+            "on a GPU use the float32 model (a GGUF file: generate --dequantize)"
+        )
+    model.to(chosen)
+    return chosen
+
+
+def _where(device: torch.device) -> str:
+    """A run's device as the commands' headers name it."""
+    if device.type == "cuda":
+        return f"on {device} ({torch.cuda.get_device_name(device)})"
+    return f"{torch.get_num_threads()} CPU thread(s)"
+
+
 def _load_model(path: str, option: str, *, dequantize: bool = True):
     """from_pretrained, with a missing or unreadable path reported as a usage error."""
     from attnkit.interop import from_pretrained

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
-from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+from attnkit.cli._common import UsageError, _load_model, _load_tokenizer, _to_device, _where
 from attnkit.tables import format_table
 
 OUT_OF_DOMAIN = "out-of-domain"
@@ -48,6 +46,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
             f"CHECKPOINT: {path} holds a {type(model).__name__}; the {task.name!r} task "
             f"evaluates {task.family} models"
         )
+    device = _to_device(model, args.device, str(path))
     if args.translations and task.name != "translation":
         raise UsageError(f"--translations: {path} is a {task.name!r} model, not a translator")
     splits = args.split or [s for s in ("validation", "test") if s in task.splits]
@@ -67,7 +66,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
         if task.name == "translation":
             outputs[split] = {}
             options = {"beams": sorted({1, decoding["num_beams"]}), "outputs": outputs[split]}
-        with precision_context(args.precision, torch.device("cpu")):
+        with precision_context(args.precision, device):
             try:
                 results[split] = task.evaluate(
                     model,
@@ -87,9 +86,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
         print(json.dumps({"checkpoint": str(path), "step": step, **results}, indent=2))
         return
     where = f"step {step:,}, " if step is not None else ""
-    precision = resolve_precision(args.precision, torch.device("cpu"))
+    precision = resolve_precision(args.precision, device)
     precision += " (auto)" if args.precision == "auto" else ""
-    print(f"{path}: {type(model).__name__}, {where}task {task.name}, {precision}\n")
+    print(
+        f"{path}: {type(model).__name__}, {where}task {task.name}, {precision}, {_where(device)}\n"
+    )
     if task.name == "classification":
         print(classification_report(results, task.labels))
         return
@@ -223,6 +224,7 @@ def _cmd_translate(args: argparse.Namespace) -> None:
         if not sentence.strip():
             raise UsageError(f"SENTENCE {number}: empty; give the text to translate")
     model, tokenizer = _load_for_task(args.checkpoint, "encoder-decoder", "translate")
+    _to_device(model, args.device, args.checkpoint)
     decoding = _decoding(
         Path(args.checkpoint), 1 if args.greedy else args.beam, args.length_penalty
     )
@@ -249,6 +251,7 @@ def _cmd_classify(args: argparse.Namespace) -> None:
     from attnkit.training.classification import classify
 
     model, tokenizer = _load_for_task(args.checkpoint, "encoder-classifier", "classify")
+    _to_device(model, args.device, args.checkpoint)
     labels = model.labels or [str(c) for c in range(model.classifier.out_features)]
     probs = classify(model, tokenizer, args.texts)  # (B, C)
     for text, row in zip(args.texts, probs.tolist(), strict=True):

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+from attnkit.cli._common import UsageError, _load_model, _load_tokenizer, _to_device
 
 # --------------------------------------------------------------------------------------------
 # attnkit generate
@@ -42,7 +42,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         if model.cfg.bos_id is None:
             raise UsageError("generate: the prompt is empty and the model has no BOS token")
         ids = [model.cfg.bos_id]
-    prompt_ids = torch.tensor([ids])
+    device = _to_device(model, args.device, path)
+    prompt_ids = torch.tensor([ids], device=device)
     new_tokens = args.max_new_tokens
     if new_tokens is None:  # 200, or what a table of positions leaves (none: generate says why)
         limit = model.cfg.position_limit

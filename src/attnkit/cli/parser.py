@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import attnkit
-from attnkit.cli._common import _add_dequantize_option, _Parser
+from attnkit.cli._common import _add_dequantize_option, _add_device_option, _Parser
 from attnkit.cli.demo import _cmd_demo
 from attnkit.cli.embed import _cmd_embed
 from attnkit.cli.explain import _cmd_explain
@@ -204,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for long outputs",
     )
     _add_dequantize_option(generate)
+    _add_device_option(generate, "generate")
     generate.set_defaults(handler=_cmd_generate)
 
     embed = commands.add_parser(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.cli._common import UsageError
+from attnkit.cli._common import UsageError, _where
 
 # --------------------------------------------------------------------------------------------
 # attnkit train / attnkit evaluate
@@ -185,9 +185,7 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
     if train.precision == "auto":
         why = "fast bf16 products" if precision == "bf16" else "no fast bf16 products here"
         label = f"{precision} (auto: {why})"
-    where = f"{torch.get_num_threads()} CPU thread(s)"
-    if device.type == "cuda":
-        where = f"on {device} ({torch.cuda.get_device_name(device)})"
+    where = _where(device)
     unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
     sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
     length = "blocks" if unit == "tokens" else "at most"

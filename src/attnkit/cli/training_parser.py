@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnkit.cli._common import _add_device_option
 from attnkit.cli.evaluate import _cmd_classify, _cmd_evaluate, _cmd_translate
 from attnkit.cli.train import _cmd_train
 from attnkit.cli.translation import _cmd_average, _cmd_tune_length_penalty
@@ -139,7 +140,7 @@ def _add_training_commands(commands) -> None:
     evaluate.add_argument(
         "--max-batches", type=int, default=None, metavar="N", help="at most N batches per split"
     )
-    _add_evaluation_precision(evaluate)
+    _add_evaluation_options(evaluate)
     evaluate.add_argument("--recipe", metavar="FILE", help="the data to evaluate on, as a recipe")
     evaluate.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
@@ -207,6 +208,7 @@ def _add_training_commands(commands) -> None:
         help="beam hypotheses ranked by score / length**A (default: the model's decoding.json, "
         "else 1.0)",
     )
+    _add_device_option(translate, "translate")
     translate.set_defaults(handler=_cmd_translate)
 
     average = commands.add_parser(
@@ -259,7 +261,7 @@ def _add_training_commands(commands) -> None:
         help="length penalties to try (default 0.6 0.8 1 1.2 1.5)",
     )
     tune.add_argument("--batch-size", type=int, default=64, metavar="B")
-    _add_evaluation_precision(tune)
+    _add_evaluation_options(tune)
     tune.add_argument(
         "--recipe", metavar="FILE", help="the data, as a recipe (default: the model's)"
     )
@@ -287,14 +289,16 @@ def _add_training_commands(commands) -> None:
     classify.add_argument("checkpoint", metavar="CHECKPOINT", help="a model directory")
     classify.add_argument("texts", nargs="+", metavar="TEXT", help="a text to label")
     classify.add_argument("--all", action="store_true", help="every label's probability")
+    _add_device_option(classify, "classify")
     classify.set_defaults(handler=_cmd_classify)
 
 
-def _add_evaluation_precision(parser: argparse.ArgumentParser) -> None:
+def _add_evaluation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=("fp32", "bf16", "auto"),
         default="fp32",
-        help="fp32 (default), bf16 autocast, or auto: bf16 where this CPU has fast bf16 "
-        "matrix products, else fp32",
+        help="fp32 (default), bf16 autocast, or auto: bf16 where the device has fast bf16 "
+        "matrix products (a CPU with them, a GPU that supports bf16), else fp32",
     )
+    _add_device_option(parser, "evaluate")

@@ -7,9 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from attnkit.cli._common import UsageError
+from attnkit.cli._common import UsageError, _to_device
 
 
 def _cmd_average(args: argparse.Namespace) -> None:
@@ -52,6 +50,7 @@ def _cmd_tune_length_penalty(args: argparse.Namespace) -> None:
         task, _ = build_task(recipe, tokenizer)
     except CorpusNotFoundError as error:
         raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
+    device = _to_device(model, args.device, str(path))
 
     def progress(penalty: float, scores: dict[str, float]) -> None:
         print(
@@ -62,7 +61,7 @@ def _cmd_tune_length_penalty(args: argparse.Namespace) -> None:
         )
 
     print(f"{len(task.ids['validation']):,} validation pairs, {args.beam} beams:", file=sys.stderr)
-    with precision_context(args.precision, torch.device("cpu")):
+    with precision_context(args.precision, device):
         best, scores = choose_length_penalty(
             model,
             task,

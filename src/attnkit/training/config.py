@@ -19,6 +19,7 @@ from attnkit import accel
 from attnkit.training.schedules import SCHEDULES
 
 __all__ = [
+    "DEVICES",
     "PRECISIONS",
     "TrainConfig",
     "TrainResult",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "auto")
+DEVICES = r"auto|cpu|cuda(:\d+)?"  # train.device and the commands' --device, as a pattern
 
 
 @dataclass
@@ -121,9 +123,7 @@ class TrainConfig:
             raise ValueError("train.warmup must be >= 1 for the noam schedule")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not isinstance(self.device, str) or not re.fullmatch(
-            r"auto|cpu|cuda(:\d+)?", self.device
-        ):
+        if not isinstance(self.device, str) or not re.fullmatch(DEVICES, self.device):
             raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,13 +189,18 @@ def check_world(config: TrainConfig, world: int) -> None:
 
 
 def resolve_device(
-    device: str, current: torch.device, local_rank: int | None = None
+    device: str,
+    current: torch.device,
+    local_rank: int | None = None,
+    *,
+    name: str = "train.device",
 ) -> torch.device:
-    """Where a run trains, for ``train.device``. In one process: ``"auto"`` keeps a model
-    already on a GPU where it is, else takes the first GPU torch sees, else the CPU; ``"cpu"``,
-    ``"cuda"`` and ``"cuda:N"`` as named, refused where torch sees no such GPU. Under torchrun
-    (``local_rank`` given) each process takes its own GPU, cuda:LOCAL_RANK, where torch sees
-    one, else the CPU (as the process group was set up), and ``train.device`` may only agree."""
+    """Where a run trains, for ``train.device`` (or a command's option, ``name`` in the
+    errors). In one process: ``"auto"`` keeps a model already on a GPU where it is, else takes
+    the first GPU torch sees, else the CPU; ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` as named,
+    refused where torch sees no such GPU. Under torchrun (``local_rank`` given) each process
+    takes its own GPU, cuda:LOCAL_RANK, where torch sees one, else the CPU (as the process
+    group was set up), and ``train.device`` may only agree."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if local_rank is not None:
         chosen = torch.device("cuda", local_rank) if gpus else torch.device("cpu")
@@ -214,7 +219,7 @@ def resolve_device(
         index = chosen.index or 0
         if index >= gpus:
             seen = f"{gpus} GPU(s), cuda:0 to cuda:{gpus - 1}" if gpus else "no GPU"
-            raise ValueError(f"train.device={device!r}: torch sees {seen} here")
+            raise ValueError(f"{name}={device!r}: torch sees {seen} here")
         return torch.device("cuda", index)
     return chosen
 
