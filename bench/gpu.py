@@ -178,6 +178,8 @@ def check_compiled_layers(report: dict) -> None:
     )
 
 
+PAIRS = [("ich bin hier", "i am here"), ("du bist da", "you are there")]  # translation
+REVIEWS = [("很好", 1), ("太差了，不会再来", 0), ("服务一般般吧", 0)]  # classification
 TEXT = "to be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
 
 
@@ -213,9 +215,8 @@ def check_training(report: dict) -> None:
         report["resumed_equals_straight"] = all(torch.equal(a[k], b[k]) for k in a)
         report["lm_validation_loss"] = straight.evaluate()["loss"]
 
-    pairs = [("ich bin hier", "i am here"), ("du bist da", "you are there")]
-    tokenizer = CharTokenizer.train([text for pair in pairs for text in pair])
-    task = TranslationTask({"train": pairs, "validation": pairs}, tokenizer, 48, seed=0)
+    tokenizer = CharTokenizer.train([text for pair in PAIRS for text in pair])
+    task = TranslationTask({"train": PAIRS, "validation": PAIRS}, tokenizer, 48, seed=0)
     torch.manual_seed(0)
     cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=64, dropout=0)
     translator = ak.Transformer(cfg).to(DEVICE)
@@ -223,10 +224,9 @@ def check_training(report: dict) -> None:
     on_cpu = task.evaluate(translator.cpu(), "validation", batch_size=2, beams=(1, 2))
     report["translation_loss_gpu_minus_cpu"] = on_gpu["loss"] - on_cpu["loss"]
 
-    texts = [("很好", 1), ("太差了，不会再来", 0), ("服务一般般吧", 0)]
-    tokenizer = CharTokenizer.train([text for text, _ in texts])
+    tokenizer = CharTokenizer.train([text for text, _ in REVIEWS])
     labels = ("negative", "positive")
-    task = ClassificationTask({"train": texts, "validation": texts}, tokenizer, labels, 16)
+    task = ClassificationTask({"train": REVIEWS, "validation": REVIEWS}, tokenizer, labels, 16)
     torch.manual_seed(0)
     cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0)
     classifier = ak.EncoderClassifier(cfg, 2).to(DEVICE)
@@ -256,11 +256,10 @@ def check_commands(report: dict) -> None:
         torch.manual_seed(0)
         cfg = ak.ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=64)
         _spread(ak.DecoderLM(cfg)).save_pretrained(Path(tmp, "lm"), tokenizer=tokenizer)
-        pairs = [("ich bin hier", "i am here"), ("du bist da", "you are there")]
-        words = CharTokenizer.train([text for pair in pairs for text in pair])
+        words = CharTokenizer.train([text for pair in PAIRS for text in pair])
         cfg = ak.ModelConfig.preset("tiny", vocab_size=words.vocab_size, max_len=64)
         _spread(ak.Transformer(cfg)).save_pretrained(Path(tmp, "mt"), tokenizer=words)
-        texts = CharTokenizer.train(["很好", "太差了，不会再来"])
+        texts = CharTokenizer.train([text for text, _ in REVIEWS])
         cfg = ak.ModelConfig.preset("tiny", vocab_size=texts.vocab_size)
         ak.EncoderClassifier(cfg, 2).save_pretrained(Path(tmp, "cls"), tokenizer=texts)
         runs = {
