@@ -75,6 +75,27 @@ def test_a_quantized_model_saves_and_loads_exactly(tmp_path, family):
         assert torch.equal(loaded(ids), want)
 
 
+def test_from_pretrained_dequantizes_a_quantized_directory_only_when_asked(tmp_path):
+    # dequantize=None (the default) and False load the blocks as saved; True turns them into
+    # float32 layers holding the blocks' values (what a GPU or training needs).
+    model = ak.quantize(small(), "int4")
+    model.save_pretrained(tmp_path / "q")
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model(ids)
+    for choice in (None, False):
+        kept = ak.from_pretrained(tmp_path / "q", dequantize=choice)
+        assert packed_layout(kept) == packed_layout(model) != {}
+    floats = ak.from_pretrained(tmp_path / "q", dequantize=True)
+    assert not packed_layout(floats) and "packed" not in floats.cfg.extra
+    assert not any(m.training for m in floats.modules())  # eval mode, the new layers too
+    assert torch.equal(floats.lm_head.weight, model.lm_head.dequantized())
+    with torch.no_grad():
+        torch.testing.assert_close(floats(ids), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(TypeError, match="dequantize must be None, True or False, got 'yes'"):
+        ak.from_pretrained(tmp_path / "q", dequantize="yes")
+
+
 @pytest.mark.parametrize("family", ["lm", "classifier"])
 def test_dequantize_model_gives_float_layers_that_compute_the_same_and_train(family):
     packed = ak.quantize(small(family), "int4")

