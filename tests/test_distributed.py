@@ -247,15 +247,16 @@ def test_ddp_matches_one_process_and_resumes_across_world_sizes(single_run, tmp_
     half = tmp_path / "half"
     torchrun(SHAKESPEARE, "--out", str(half), "--quiet", *tiny(10))
     assert json.loads((half / "checkpoint" / "trainer_state.json").read_text())["step"] == 10
-    quad = tmp_path / "half-then-4"
-    shutil.copytree(half, quad)
+    triple = tmp_path / "half-then-3"
+    shutil.copytree(half, triple)
     assert main(["train", SHAKESPEARE, "--out", str(half), "--resume", "--quiet", *tiny(20)]) == 0
     compare(half, ddp, "2 -> 1 process resume")
 
-    # The same 2-process checkpoint resumed on 4 processes (7 rows: 2 + 2 + 2 + 1).
-    done = torchrun(SHAKESPEARE, "--out", str(quad), "--resume", *tiny(20), nproc=4, timeout=240)
-    assert "4 processes (ddp)" in done.stdout
-    compare(quad, ddp, "2 -> 4 process resume")
+    # The same 2-process checkpoint resumed on 3 processes (7 rows: 3 + 2 + 2; 3 processes
+    # start in 18 s on 2 cores, 4 in 24 s).
+    done = torchrun(SHAKESPEARE, "--out", str(triple), "--resume", *tiny(20), nproc=3, timeout=240)
+    assert "3 processes (ddp)" in done.stdout
+    compare(triple, ddp, "2 -> 3 process resume")
 
 
 @pytest.mark.needs("shakespeare")
