@@ -2,6 +2,8 @@
 by attnkit against transformers' BertModel, its tokenizer, the sentence-transformers embedding
 recipe (mean over the attention mask, then L2 normalisation) and `attnkit embed`."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,11 +96,22 @@ def test_sentence_embeddings_match_the_sentence_transformers_recipe(models, refe
     # each sentence alone gives the same vector as in the padded batch
     alone = sentence_embeddings(ours, load_tokenizer_for(PATH), SENTENCES[2:3])
     assert (alone[0] - mine[2]).abs().max() < 1e-5
+    # the ids follow the model to its device (a GPU's; here the meta device, with a forward
+    # stood in that records where its inputs are)
+    elsewhere, seen = copy.deepcopy(ours).to("meta"), []
+
+    def forward(ids, mask):
+        seen.append((ids.device.type, mask.device.type))
+        return torch.zeros(*ids.shape, 384, device=ids.device)
+
+    elsewhere.forward = forward
+    out = sentence_embeddings(elsewhere, load_tokenizer_for(PATH), SENTENCES)
+    assert seen == [("meta", "meta")] and out.device.type == "meta" and out.shape == (4, 384)
 
 
 def test_the_embed_command_prints_the_similarity(models, reference_batch, capsys):
     _, ref = models
-    assert main(["embed", "--model", PATH, TIRED, WIDE]) == 0
+    assert main(["embed", "--model", PATH, TIRED, WIDE, "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert TIRED in out and WIDE in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[-2:]}

@@ -192,7 +192,14 @@ def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_
     floats = _load_model(str(tmp_path / "q"), "MODEL", dequantize=True)
     floats.to = lambda device: moved.append((floats, device)) or floats
     assert _to_device(floats, "cuda", "Q") == cuda and moved[-1] == (floats, cuda)
-    for command in ("evaluate", "tune-length-penalty", "translate", "classify", "generate"):
+    for command in (
+        "evaluate",
+        "tune-length-penalty",
+        "translate",
+        "classify",
+        "generate",
+        "embed",
+    ):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "--device DEVICE" in capsys.readouterr().out, command

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import attnkit
-from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+from attnkit.cli._common import UsageError, _load_model, _load_tokenizer, _to_device
 from attnkit.tables import format_table
 
 # --------------------------------------------------------------------------------------------
@@ -32,6 +32,7 @@ def _cmd_embed(args: argparse.Namespace) -> None:
             f"--model: {args.model} holds a {type(model).__name__}; embed needs an encoder "
             "(a BERT-style model such as all-MiniLM-L6-v2)"
         )
+    _to_device(model, args.device, args.model)
     tokenizer = _load_tokenizer(args.model, "--model")
     if tokenizer is None:
         raise UsageError(f"--model: {args.model} has no tokenizer.json to turn text into ids")
@@ -44,7 +45,7 @@ def _cmd_embed(args: argparse.Namespace) -> None:
         embeddings = sentence_embeddings(model, tokenizer, texts, max_length=limit)
     except ValueError as error:
         raise UsageError(f"embed: {error}") from None
-    similarity = cosine_similarities(embeddings)
+    similarity = cosine_similarities(embeddings.cpu())
     names = [str(i + 1) for i in range(len(args.sentences))]
     print(
         f"{len(args.sentences)} sentence(s), {embeddings.shape[1]}-dimensional embeddings "

@@ -248,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tokens per sentence at most (default: the model's, or sentence_bert_config.json's)",
     )
+    _add_device_option(embed, "embed")
     embed.set_defaults(handler=_cmd_embed)
     _add_quantize_command(commands)
     _add_training_commands(commands)

@@ -37,7 +37,7 @@ def sentence_embeddings(
     max_length: int | None = None,
     batch_size: int = 32,
 ) -> Tensor:
-    """L2-normalised mean-pooled embeddings (S, D) of ``sentences``.
+    """L2-normalised mean-pooled embeddings (S, D) of ``sentences``, on the model's device.
 
     ``model``: an EncoderModel (or an EncoderClassifier, whose encoder is used); ``tokenizer``:
     its tokenizer (a PretrainedTokenizer adds [CLS] / [SEP]); ``max_length``: tokens per
@@ -54,6 +54,7 @@ def sentence_embeddings(
     limit = min(max_length or model.cfg.max_len, model.cfg.max_len)
     pad = getattr(tokenizer, "pad_id", None)
     pad = model.cfg.pad_id if pad is None else pad
+    device = next(model.parameters()).device  # the ids are made on the CPU
     out = []
     for start in range(0, len(sentences), batch_size):
         batch = [_encode(tokenizer, s, limit) for s in sentences[start : start + batch_size]]
@@ -63,6 +64,7 @@ def sentence_embeddings(
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)] = torch.tensor(tokens)
             mask[row, : len(tokens)] = True
+        ids, mask = ids.to(device), mask.to(device)
         with torch.no_grad():
             hidden = model(ids, mask)  # (B, N, D)
         out.append(F.normalize(mean_pool(hidden, mask), p=2, dim=-1))
