@@ -759,6 +759,12 @@ def print_report(results: dict) -> None:
         "ratios, one step of each candidate a round; met: both the value and the rounds' median "
         "reach the target"
     )
+    choice = results.get("onednn")
+    if choice and not choice.get("on") and "lm" in results:
+        print(
+            "on this CPU the float32 products go to MKL either way, so each row and its 'no "
+            "oneDNN' twin run the same code: the gap between them is this run's spread"
+        )
 
 
 def verdict(value: float, spread: list[float] | None, target: float) -> str:

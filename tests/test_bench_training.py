@@ -102,6 +102,14 @@ def test_a_target_is_met_only_by_both_the_value_and_the_rounds(capsys):
     assert "1.297x" in line and line.endswith("NOT met")  # not "1.30x ... NOT met"
 
 
+def test_the_report_says_when_the_no_onednn_rows_run_the_same_code(capsys):
+    base = {"threads": 2, "repeats": 1, "adamw": "fused", "ratios": {}, "lm": {}}
+    twins = "each row and its 'no oneDNN' twin run the same code"
+    for on, said in ((False, True), (True, False)):
+        training.print_report({**base, "onednn": {"on": on, "by": "measured"}})
+        assert (twins in capsys.readouterr().out) == said
+
+
 def test_the_report_prints_how_fast_memory_moves(capsys):
     rates = training.memory_rates((1, 2))
     assert set(rates) == {"1 MiB", "2 MiB"} and all(rate > 1e8 for rate in rates.values())
