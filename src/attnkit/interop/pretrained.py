@@ -139,11 +139,11 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
 
         return load_gguf(path, dequantize=False)
     model = _load_any(path)
-    if dequantize and getattr(model, "cfg", None) is not None and model.cfg.extra.get("packed"):
+    if dequantize:
         from attnkit.accel.quantize import dequantize_model
 
-        dequantize_model(model)
-        model.eval()  # the new float32 layers are built in training mode
+        if dequantize_model(model):  # how many packed layers became float32
+            model.eval()  # the new layers are built in training mode
     return model
 
 
