@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import io
 import json
+import queue
 import re
 import tempfile
 import time
@@ -39,6 +40,7 @@ from attnkit.backends import linear_attention, linear_attention_weights, sliding
 from attnkit.cli import main as main_command
 from attnkit.data import CharTokenizer
 from attnkit.masks import window_mask
+from attnkit.serve import Engine, Request
 from attnkit.training import LanguageModelTask, TrainConfig, Trainer
 from attnkit.training.classification import ClassificationTask
 from attnkit.training.translation import TranslationTask
@@ -248,10 +250,26 @@ def _command(*argv: str) -> str:
     return out.getvalue()
 
 
+def _served(path: Path, tokenizer: CharTokenizer, device: str) -> list[list]:
+    """The serving engine's (``attnkit serve --device``'s) greedy replies to three prompts
+    decoded together in one batch, the model on ``device``: each request's token ids, then
+    how it ended."""
+    model = ak.from_pretrained(path).to(device)
+    engine = Engine(model, tokenizer, max_batch=4, start=False)
+    engine.eos_ids = set()  # every reply runs to its length
+    queues = []
+    for prompt, n in (("to be", 12), ("or not to", 24), ("that", 6)):
+        queues.append(queue.Queue())
+        engine.submit(Request(tokenizer.encode(prompt), n, temperature=0), queues[-1].put)
+    engine.run(until=lambda: all(q.qsize() and q.queue[-1]["type"] != "token" for q in queues))
+    return [[e["id"] if e["type"] == "token" else e["type"] for e in q.queue] for q in queues]
+
+
 def check_commands(report: dict) -> None:
     """generate, translate and classify with ``--device cuda`` print what ``--device cpu``
     prints (greedy decoding; probabilities to 3 decimals); a quantized model stays on the CPU,
-    and with ``--dequantize`` runs on the GPU; embed's similarities agree to 2e-4."""
+    and with ``--dequantize`` runs on the GPU; embed's similarities agree to 2e-4; the serving
+    engine's batched greedy replies are the same on both."""
     same = {}
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = CharTokenizer.train([TEXT])
@@ -272,6 +290,8 @@ def check_commands(report: dict) -> None:
         }  # fmt: skip
         for name, argv in runs.items():
             same[name] = _command(*argv, "--device", "cuda") == _command(*argv, "--device", "cpu")
+        lm = Path(tmp, "lm")
+        same["serve_engine"] = _served(lm, tokenizer, "cuda") == _served(lm, tokenizer, "cpu")
         _command("quantize", str(Path(tmp, "lm")), str(Path(tmp, "q4")), "--scheme", "int4")
         quantized = ("generate", str(Path(tmp, "q4")), "to be", "--greedy", "--max-new-tokens", "8")
         same["quantized_generate_auto_stays_on_cpu"] = _command(*quantized) == _command(

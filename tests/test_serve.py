@@ -5,6 +5,7 @@ send, and headless Chromium for the attention page. The server is the real comma
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -344,3 +345,4 @@ def test_chat_command_keeps_the_conversation(smollm2):
     ]
     assert replies[1] == smollm2(conversation, 256).strip()  # the first turn was in the prompt
     assert "type a message" in out.stderr
+    assert re.search(r", \d+ CPU thread\(s\), chat template: from the model", out.stderr)

@@ -7,6 +7,8 @@ import time
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import attnkit as ak
 from attnkit.data.tokenizer import CharTokenizer
@@ -136,6 +138,99 @@ def test_requests_that_cannot_be_answered_are_refused(tokenizer):
             Engine(ak.EncoderModel(ak.ModelConfig.preset("tiny")), tokenizer)
     finally:
         engine.close()
+
+
+def run_until_answered(engine: Engine, queues: list[queue.Queue], timeout: float = 60) -> None:
+    """Run a ``start=False`` engine on this thread until every queue has its last event (or
+    ``timeout`` seconds have passed: a request that is never answered fails the test)."""
+    deadline = time.monotonic() + timeout
+
+    def answered() -> bool:
+        return all(q.qsize() and q.queue[-1]["type"] != "token" for q in queues)
+
+    engine.run(until=lambda: answered() or time.monotonic() > deadline)
+
+
+class OneDevice(TorchDispatchMode):
+    """Checks CUDA's rule, that the tensors of one operator are all on one device (a CPU
+    scalar may join them), for a model on the meta device, the one device other than the CPU
+    that every machine has. A meta tensor holds no values: copied to the CPU (the engine's
+    logits) it becomes random numbers, and read as a Python number (``int(tensor)``) it is 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.mixed: list[tuple[str, list[str]]] = []
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        devices = {t.device.type for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1:
+            self.mixed.append((str(func), sorted(devices)))
+        if tensors and tensors[0].is_meta:
+            if func is torch.ops.aten._to_copy.default and kwargs.get("device") == CPU:
+                value = torch.randn(tensors[0].shape, generator=self.generator)
+                return value.to(kwargs.get("dtype") or tensors[0].dtype)
+            if func is torch.ops.aten._local_scalar_dense.default:
+                return 0
+        return func(*args, **kwargs)
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("overrides", [dict(position="rope"), dict(attention="window", window=4)])
+def test_the_batch_lives_on_the_models_device(tokenizer, overrides):
+    """A model moved to another device (here meta; bench/gpu.py serves on a GPU) is served with
+    its ids, masks and caches made there: three requests of different lengths join and leave
+    the batch (one sampled, one with its attention recorded), and no operator ever mixes
+    devices. Before, the engine made them on the CPU and every request ended in an error."""
+    model = model_for(tokenizer, **overrides).to("meta")
+    engine = Engine(model, tokenizer, max_batch=4, start=False)
+    engine.eos_ids = set()  # the stood-in logits are random: run every reply to its length
+    requests = [
+        Request(tokenizer.encode("to be"), 3, temperature=1.0, seed=1),
+        Request(tokenizer.encode("or not to"), 6, temperature=0),
+        Request(tokenizer.encode("that"), 4, temperature=0, attention=True),
+    ]
+    queues = [queue.Queue() for _ in requests]
+    mode = OneDevice()
+    with mode:
+        for request, q in zip(requests, queues, strict=True):
+            engine.submit(request, q.put)
+        run_until_answered(engine, queues)
+    assert mode.mixed == []
+    for request, q in zip(requests, queues, strict=True):
+        events = list(q.queue)
+        assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "length"
+        assert events[-1]["completion_tokens"] == request.max_tokens
+    recorded = engine.recording(events[-1]["id"])["job"].weights
+    assert len(recorded) == 4 and all(w.device == CPU for w in recorded)
+
+
+def test_a_recorded_request_that_fails_is_told_and_the_engine_goes_on(tokenizer, monkeypatch):
+    """A request with its attention recorded runs outside the batch; an error there reaches its
+    client as an error event (before, its client waited forever), and the next request is
+    answered."""
+    model = model_for(tokenizer)
+    engine = Engine(model, tokenizer, start=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no attention today")
+
+    ids = tokenizer.encode("to be")
+    for attention, want in ((True, "error"), (False, "done")):
+        if not attention:
+            monkeypatch.undo()
+        else:
+            monkeypatch.setattr(model, "hidden_states", broken)
+        q = queue.Queue()
+        engine.submit(Request(ids, 3, temperature=0, attention=attention), q.put)
+        run_until_answered(engine, [q])
+        assert q.qsize() and q.queue[-1]["type"] == want
+        if want == "error":
+            assert q.queue[-1]["message"] == "RuntimeError: no attention today"
 
 
 def test_the_attention_recording_is_the_models_own(tokenizer):

@@ -199,6 +199,8 @@ def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_
         "classify",
         "generate",
         "embed",
+        "serve",
+        "chat",
     ):
         with pytest.raises(SystemExit):
             main([command, "--help"])

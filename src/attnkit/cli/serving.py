@@ -8,7 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from attnkit.cli._common import UsageError, _add_dequantize_option, _load_model, _load_tokenizer
+from attnkit.cli._common import (
+    UsageError,
+    _add_dequantize_option,
+    _add_device_option,
+    _load_model,
+    _load_tokenizer,
+    _to_device,
+    _where,
+)
 
 MODEL_HELP = (
     "a decoder-only model: a GGUF file, a Hugging Face or attnkit directory with its "
@@ -57,6 +65,7 @@ def _add_serving_commands(commands) -> None:
         help="largest request body accepted (default 1 MiB); larger ones get 413",
     )
     _add_dequantize_option(serve)
+    _add_device_option(serve, "run the model")
     serve.set_defaults(handler=_cmd_serve)
 
     chat = commands.add_parser(
@@ -80,11 +89,13 @@ def _add_serving_commands(commands) -> None:
     chat.add_argument("--top-p", type=float, default=0.9, metavar="P", help="(default 0.9)")
     chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     _add_dequantize_option(chat)
+    _add_device_option(chat, "run the model")
     chat.set_defaults(handler=_cmd_chat)
 
 
-def _load(path: str, dequantize: bool):
-    """(model, tokenizer, template) for a model the server and the chat can run."""
+def _load(path: str, dequantize: bool, device: str):
+    """(model, tokenizer, template) for a model the server and the chat can run, moved to
+    ``--device``."""
     from attnkit.serve.chat import chat_template_for
 
     print(f"loading {path} ...", file=sys.stderr, flush=True)
@@ -98,16 +109,19 @@ def _load(path: str, dequantize: bool):
     if tokenizer is None:
         raise UsageError(f"MODEL: {path} has no tokenizer to turn text into ids")
     template = chat_template_for(path)
+    where = _where(_to_device(model, device, path))
     layers = [m for m in model.modules() if type(m).__name__ == "PackedLinear"]
     packed = sum(m.in_features * m.out_features for m in layers)
-    floats = model.num_parameters() / 1e6
-    sizes = f"{floats:.1f}M parameters"
+    floats = model.num_parameters()  # a packed model keeps only its norms in float32
+    count = f"{floats / 1e6:.1f}M" if floats >= 1e6 else f"{floats:,}"
+    sizes = f"{count} parameters"
     if packed:
-        sizes = f"{floats:.1f}M float32 parameters, {packed / 1e6:.1f}M weights"
+        sizes = f"{count} float32 parameters, {packed / 1e6:.1f}M weights"
         sizes += _packed_note(model)
     print(
         f"loaded in {time.perf_counter() - start:.1f} s: {sizes}, context {model.cfg.max_len}, "
-        f"chat template: {'from the model' if template else 'none (plain role: content lines)'}",
+        f"{where}, chat template: "
+        f"{'from the model' if template else 'none (plain role: content lines)'}",
         file=sys.stderr,
         flush=True,
     )
@@ -127,7 +141,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.max_body < 1:
         raise UsageError(f"--max-body must be at least 1, got {args.max_body}")
-    model, tokenizer, template = _load(args.model, args.dequantize)
+    model, tokenizer, template = _load(args.model, args.dequantize, args.device)
     name = args.name or Path(args.model).stem
     # The model runs on this (the main) thread, the HTTP server on another (see serve.engine).
     engine = Engine(model, tokenizer, max_batch=args.max_batch, start=False)
@@ -165,7 +179,7 @@ def _cmd_chat(args: argparse.Namespace) -> None:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    model, tokenizer, template = _load(args.model, args.dequantize)
+    model, tokenizer, template = _load(args.model, args.dequantize, args.device)
     engine = Engine(model, tokenizer, max_batch=1, start=False)  # it runs on this thread
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)

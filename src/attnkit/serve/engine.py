@@ -64,6 +64,13 @@ class Request:
     attention: bool = False
 
 
+def _on_cpu(logits: Tensor) -> Tensor:
+    """A step's logits in float32 on the CPU, where each request's own generator draws (one
+    copy a step for the whole batch on a GPU; nothing on the CPU): a seed gives the same
+    draws wherever the model runs."""
+    return logits.float().cpu()
+
+
 class Job:
     """A request being answered: its state on the engine's thread."""
 
@@ -96,7 +103,9 @@ class Engine:
     """Serves generation requests for one decoder-only model on a background thread.
 
     ``max_batch`` requests are decoded together; more wait in line. Models whose caches are
-    not plain KV caches (window or linear attention) are served one request at a time.
+    not plain KV caches (window or linear attention) are served one request at a time. The
+    batch's ids, mask and cache are made on the model's device (a GPU, after ``model.to``);
+    each step's logits come back to the CPU, where every request's own generator draws.
     """
 
     def __init__(
@@ -115,6 +124,7 @@ class Engine:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         self.model, self.tokenizer = model, tokenizer
+        self.device = next(model.parameters()).device  # the batch's tensors live there too
         self.context = model.cfg.max_len
         probe = model.new_cache(1, 1)
         self.max_batch = max_batch if all(isinstance(c, KVCache) for c in probe.self_attn) else 1
@@ -205,22 +215,25 @@ class Engine:
             if job.cancelled.is_set():
                 continue
             if job.request.attention:
-                self._run_alone(job)
+                try:
+                    self._run_alone(job)
+                except Exception as error:  # this job is not a batch row: tell it here
+                    job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
                 continue
             self._prefill(job)
 
     def _prefill(self, job: Job) -> None:
-        ids = torch.tensor([job.request.prompt_ids])  # (1, P)
-        cache = self.model.new_cache(1, ids.shape[1])
+        ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
+        cache = self.model.new_cache(1, ids.shape[1], device=self.device)
         try:
             logits = _lm_step(self.model, ids, None, cache)  # (1, V)
         except Exception as error:
             job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
             return
-        token = self._choose(job, logits[0])
+        token = self._choose(job, _on_cpu(logits)[0])
         if self._emit(job, token):
             return
-        mask = torch.ones(1, ids.shape[1], dtype=torch.bool)
+        mask = torch.ones(1, ids.shape[1], dtype=torch.bool, device=self.device)
         self._join(job, cache, mask, token)
 
     def _step(self) -> None:
@@ -230,9 +243,10 @@ class Engine:
             if not self.jobs:
                 return
         b = len(self.jobs)
-        tokens = torch.tensor([[job.generated[-1]] for job in self.jobs])  # (B, 1)
-        self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=torch.bool)], dim=1)
-        logits = self.cached_step(self.model, tokens, self.mask, self.cache)  # (B, V)
+        tokens = torch.tensor([[job.generated[-1]] for job in self.jobs], device=self.device)
+        new = torch.ones(b, 1, dtype=torch.bool, device=self.device)
+        self.mask = torch.cat([self.mask, new], dim=1)  # (B, L + 1)
+        logits = _on_cpu(self.cached_step(self.model, tokens, self.mask, self.cache))  # (B, V)
         self.steps += 1
         done = [
             i for i, job in enumerate(self.jobs) if self._emit(job, self._choose(job, logits[i]))
@@ -301,7 +315,7 @@ class Engine:
         if not rows:
             self.cache, self.mask = None, None
             return
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=self.device)
         mask = self.mask.index_select(0, index)
         start = int(mask.any(0).int().argmax())  # the first column some row uses
         self._assemble([(self.cache, mask[:, start:], index, start)])
@@ -316,7 +330,7 @@ class Engine:
         first = parts[0][0].self_attn[0]
         dtype, device = first.k.dtype, first.k.device
         new = self.model.new_cache(b, room, dtype=dtype, device=device)
-        self.mask = torch.zeros(b, length, dtype=torch.bool)
+        self.mask = torch.zeros(b, length, dtype=torch.bool, device=device)
         row = 0
         for cache, mask, rows, start in parts:
             n, width = mask.shape
@@ -349,13 +363,14 @@ class Engine:
         self.recordings[job.id] = {"prompt": job.request.prompt_ids, "job": job}
         while len(self.recordings) > self.keep_attention:
             self.recordings.popitem(last=False)
-        ids = torch.tensor([job.request.prompt_ids])  # (1, P): the prompt first, then one token
-        cache = model.new_cache(1, ids.shape[1] + job.request.max_tokens)
+        # (1, P): the prompt first, then one token
+        ids = torch.tensor([job.request.prompt_ids], device=self.device)
+        cache = model.new_cache(1, ids.shape[1] + job.request.max_tokens, device=self.device)
         while True:
             x, attentions = model.hidden_states(ids, None, cache, return_attention=True)
             logits = model.lm_head(x[:, -1])  # (1, V)
-            job.weights.append(torch.stack([a[0, :, -1] for a in attentions]).half())
-            token = self._choose(job, logits[0])
+            job.weights.append(torch.stack([a[0, :, -1] for a in attentions]).half().cpu())
+            token = self._choose(job, _on_cpu(logits)[0])
             if self._emit(job, token):
                 return
-            ids = torch.tensor([[token]])
+            ids = torch.tensor([[token]], device=self.device)
