@@ -209,28 +209,29 @@ def test_the_batch_lives_on_the_models_device(tokenizer, overrides):
     assert len(recorded) == 4 and all(w.device == CPU for w in recorded)
 
 
-def test_a_recorded_request_that_fails_is_told_and_the_engine_goes_on(tokenizer, monkeypatch):
-    """A request with its attention recorded runs outside the batch; an error there reaches its
-    client as an error event (before, its client waited forever), and the next request is
-    answered."""
+@pytest.mark.parametrize("attention", [True, False], ids=["recorded", "batched"])
+def test_a_request_that_fails_before_it_joins_the_batch_is_told(tokenizer, monkeypatch, attention):
+    """A request fails while it is started (its prompt's cache cannot be made): its client gets
+    an error event (before, the client of a recorded request, or of one that failed outside the
+    prompt's forward, waited forever), and the next request is answered."""
     model = model_for(tokenizer)
     engine = Engine(model, tokenizer, start=False)
 
     def broken(*args, **kwargs):
-        raise RuntimeError("no attention today")
+        raise RuntimeError("no room today")
 
     ids = tokenizer.encode("to be")
-    for attention, want in ((True, "error"), (False, "done")):
-        if not attention:
-            monkeypatch.undo()
+    for want in ("error", "done"):
+        if want == "error":
+            monkeypatch.setattr(model, "new_cache", broken)
         else:
-            monkeypatch.setattr(model, "hidden_states", broken)
+            monkeypatch.undo()
         q = queue.Queue()
         engine.submit(Request(ids, 3, temperature=0, attention=attention), q.put)
         run_until_answered(engine, [q])
         assert q.qsize() and q.queue[-1]["type"] == want
         if want == "error":
-            assert q.queue[-1]["message"] == "RuntimeError: no attention today"
+            assert q.queue[-1]["message"] == "RuntimeError: no room today"
 
 
 def test_the_attention_recording_is_the_models_own(tokenizer):

@@ -66,9 +66,14 @@ class Request:
 
 def _on_cpu(logits: Tensor) -> Tensor:
     """A step's logits in float32 on the CPU, where each request's own generator draws (one
-    copy a step for the whole batch on a GPU; nothing on the CPU): a seed gives the same
-    draws wherever the model runs."""
+    copy a step for the whole batch on a GPU; nothing on the CPU): a seed draws the same
+    tokens from the same logits wherever the model runs."""
     return logits.float().cpu()
+
+
+def _error(error: Exception) -> dict:
+    """The event that tells a request's client why it ended."""
+    return {"type": "error", "message": f"{type(error).__name__}: {error}"}
 
 
 class Job:
@@ -202,7 +207,7 @@ class Engine:
                         self._step()
                 except Exception as error:  # a bug must not take the server down
                     for job in self.jobs:
-                        job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
+                        job.sink(_error(error))
                     self.jobs, self.cache, self.mask = [], None, None
 
     def _admit(self) -> None:
@@ -214,22 +219,20 @@ class Engine:
                 return
             if job.cancelled.is_set():
                 continue
-            if job.request.attention:
-                try:
+            try:
+                if job.request.attention:
                     self._run_alone(job)
-                except Exception as error:  # this job is not a batch row: tell it here
-                    job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
-                continue
-            self._prefill(job)
+                else:
+                    self._prefill(job)
+            except Exception as error:
+                if job in self.jobs:  # it failed joining: run() tells every row, starts over
+                    raise
+                job.sink(_error(error))  # not a row of the batch: run() would not tell it
 
     def _prefill(self, job: Job) -> None:
         ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
         cache = self.model.new_cache(1, ids.shape[1], device=self.device)
-        try:
-            logits = _lm_step(self.model, ids, None, cache)  # (1, V)
-        except Exception as error:
-            job.sink({"type": "error", "message": f"{type(error).__name__}: {error}"})
-            return
+        logits = _lm_step(self.model, ids, None, cache)  # (1, V)
         token = self._choose(job, _on_cpu(logits)[0])
         if self._emit(job, token):
             return
