@@ -151,6 +151,9 @@ def run_until_answered(engine: Engine, queues: list[queue.Queue], timeout: float
     engine.run(until=lambda: answered() or time.monotonic() > deadline)
 
 
+CPU = torch.device("cpu")
+
+
 class OneDevice(TorchDispatchMode):
     """Checks CUDA's rule, that the tensors of one operator are all on one device (a CPU
     scalar may join them), for a model on the meta device, the one device other than the CPU
@@ -175,9 +178,6 @@ class OneDevice(TorchDispatchMode):
             if func is torch.ops.aten._local_scalar_dense.default:
                 return 0
         return func(*args, **kwargs)
-
-
-CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("overrides", [dict(position="rope"), dict(attention="window", window=4)])
