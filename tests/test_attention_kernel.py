@@ -3,10 +3,6 @@ masks and strides (float32 against float64 references, bfloat16 against float32)
 nothing to attend to, the models' training steps with the kernel on and off (eager and compiled
 layers), the cases it leaves to torch, and the AVX2 and plain C builds."""
 
-import ctypes
-import re
-import subprocess
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +11,8 @@ from hypothesis import strategies as st
 
 import attnkit as ak
 import attnkit.accel.attention as kernel_module
-import attnkit.accel.lm_loss as loss_module
 from attnkit import accel, backends
+from attnkit.accel import native
 from attnkit.accel.attention import (
     Sequences,
     attention,
@@ -26,6 +22,8 @@ from attnkit.accel.attention import (
     packed_self_attention,
     tiles_available,
 )
+
+RUNNABLE = [name for name in native.VARIANTS if native.runnable(name)]
 
 
 def reference(q, k, v, mask, causal):
@@ -262,42 +260,15 @@ def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
     torch.testing.assert_close(merged, reference(q, k, v, keys, True), rtol=1e-5, atol=1e-5)
 
 
-def avx2_assembly(source):
-    """``source`` compiled as for a Zen 3 (AVX2, no AVX-512), as assembly text."""
-    build = ["gcc", "-O3", "-march=znver3", "-fopenmp", "-S", "-o", "-", str(source)]
-    return subprocess.run(build, check=True, capture_output=True, text=True).stdout
+@pytest.mark.parametrize("variant", RUNNABLE)
+def test_every_variant_this_cpu_runs_agrees_with_torch(variant):
+    """Every variant built at install that this CPU can run (plain C on any), checked against
+    the float64 reference in float32: padded heads and packed sequences."""
+    with native.using(variant):
+        check_against_the_reference()
 
 
-@pytest.mark.parametrize("source", [kernel_module._SOURCE, loss_module._SOURCE], ids=str)
-def test_an_avx2_build_computes_exp_eight_lanes_at_a_time(source):
-    """The softmax's and the loss's exp (fastmath.h) round x / ln 2 with vroundps, which only a
-    vectorised loop has. Written with a branch, gcc left it scalar on AVX2."""
-    assert "vroundps" in avx2_assembly(source)
-
-
-def test_an_avx2_build_multiplies_from_registers():
-    """No multiply-add of the products reads a memory operand (the stack and constants aside):
-    gcc folded the row of B into each of them, 12 loads for 8 multiply-adds."""
-    folded = re.findall(
-        r"vfmadd\d+ps\s+[^%\s,]*\(%r(?!ip|bp|sp)", avx2_assembly(kernel_module._SOURCE)
-    )
-    assert not folded
-
-
-@pytest.mark.parametrize("flags", [["-mavx2", "-mfma"], ["-march=x86-64"]], ids=str)
-def test_the_avx2_and_plain_c_kernels_agree(tmp_path, monkeypatch, flags):
-    """This machine builds the AVX-512 code; other processors get AVX2 or plain C from the
-    same file. Both are built here and checked against the float64 reference, padded heads and
-    packed sequences."""
-    library = tmp_path / "attention.so"
-    build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", str(kernel_module._SOURCE)]
-    subprocess.run([*build, "-o", str(library), "-lm"], check=True, capture_output=True)
-    built = ctypes.CDLL(str(library))
-    native = kernel_module.kernel()
-    for name in ("attention_forward", "attention_backward"):
-        getattr(built, name).argtypes = getattr(native, name).argtypes
-        getattr(built, name).restype = getattr(native, name).restype
-    monkeypatch.setattr(kernel_module, "kernel", lambda: built)
+def check_against_the_reference():
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 3, 37, 40, requires_grad=True) for _ in range(3))
     out = attention(q, k, v, is_causal=True)

@@ -3,9 +3,6 @@ against the eager step it replaces and against the uncached forward pass: the sa
 to float32 rounding order, the same caches, the same greedy tokens; and everything it cannot
 run goes through the eager step."""
 
-import ctypes
-import subprocess
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -13,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnkit as ak
-from attnkit.accel import PackedDecoder, packed, packed_decoder, packed_steps
+from attnkit.accel import PackedDecoder, native, packed_decoder, packed_steps
 from attnkit.generation import _lm_step
 
 FORMATS = {"Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4_K": (Q.Q4_K, 256)}
@@ -159,23 +156,13 @@ def test_what_it_cannot_run_goes_eager(tmp_path_factory):
         model.eval()
 
 
-@pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], ["-march=x86-64"]], ids=str)
-def test_the_avx2_and_plain_c_steps_agree(tmp_path_factory, tmp_path, monkeypatch, flags):
-    """Other processors build the AVX2 or plain C code of the same file: the step is built
-    that way here and checked against the eager step of the same build."""
-    library = tmp_path / "packed.so"
-    build = ["gcc", "-O3", *flags, "-fopenmp", "-shared", "-fPIC", str(packed._SOURCE)]
-    subprocess.run([*build, "-o", str(library), "-lm"], check=True, capture_output=True)
-    native = packed.packed_kernel()
-    kernel = ctypes.CDLL(str(library))
-    for name in ("packed_matmul", "packed_dequantize", "packed_llama_step"):
-        getattr(kernel, name).argtypes = getattr(native, name).argtypes
-    monkeypatch.setattr(packed, "packed_kernel", lambda: kernel)
-    import attnkit.accel.packed_step as packed_step
-
-    monkeypatch.setattr(packed_step, "packed_kernel", lambda: kernel)
-    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q4_1", 32)
-    test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q8_0", None)
+@pytest.mark.parametrize("variant", [v for v in native.VARIANTS if native.runnable(v)])
+def test_every_variant_this_cpu_runs_steps_alike(tmp_path_factory, variant):
+    """Every variant built at install that this CPU can run (plain C on any): its step against
+    the eager step with the same variant's products."""
+    with native.using(variant):
+        test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q4_1", 32)
+        test_the_c_step_equals_the_eager_step(tmp_path_factory, "Q8_0", None)
 
 
 @pytest.mark.needs("smollm2")

@@ -1,6 +1,6 @@
 """Speed levers, applied to a built model from outside: the model code never mentions them.
 
-Each lever is switchable and measured on its own in ``bench/README.md`` (the gain depends on the
+Each lever is switchable and measured on its own in ``bench/history/`` (the gain depends on the
 processor: measure before relying on one).
 
 ::
@@ -34,10 +34,12 @@ processor: measure before relying on one).
                   back and faulting them in again every step: ``keep_freed_memory()`` (the
                   trainer calls it; off: ``ATTNKIT_KEEP_MEMORY=0``), and
                   ``with return_freed_memory():`` around a resident-memory measurement
-    cbuild.py     the C kernels (lm_loss.c, packed.c), built at first use with the machine's
-                  C compiler; None without one, and each caller falls back to PyTorch
+    native.py     the C kernels (attention.c, lm_loss.c, packed.c), built at install by
+                  setup.py into one library per instruction set (variants.py), the best this
+                  CPU runs loaded at first use (``ATTNKIT_KERNELS`` names one, or ``off``);
+                  none loaded: each caller falls back to PyTorch, and a warning says why
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
-                  blocks, multiplied by a C kernel built at first use: ``PackedLinear``,
+                  blocks, multiplied by the C kernels: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
     packed_step.py  a Llama layer's decoding step with packed weights as one C call:
                   ``packed_decoder(model)`` (off: ``packed_steps(False)`` or
@@ -45,8 +47,11 @@ processor: measure before relying on one).
     quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):
                   ``quantize(model, "int4")``
 
-``apply(model)`` turns on what the trainer uses (the fused loss, the unpadded stacks) and returns
-the model; the trainer and the benchmarks run their steps inside ``onednn_products()`` and
+``prepare(model, "training" | "decoding")`` (prepare.py) is the front door: it turns on what the
+job uses here and returns every lever with its state and why it is off, one line for a run's
+header; ``levers(job)`` answers without a model (``attnkit info``). ``apply(model)`` is its
+model-changing part alone (the fused loss, the unpadded stacks), for benchmarks that compare
+them; the trainer and the benchmarks run their steps inside ``onednn_products()`` and
 ``fast_attention()``; the trainer also calls ``keep_freed_memory()``.
 """
 
@@ -75,14 +80,17 @@ from attnkit.accel.onednn import (
 )
 from attnkit.accel.packed import PackedEmbedding, PackedLinear
 from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
+from attnkit.accel.prepare import Lever, Prepared, levers, prepare
 from attnkit.accel.quantize import quantize
 from attnkit.accel.unpadded import unpad_stacks, unpadding
 
 __all__ = [
     "FusedLMHead",
+    "Lever",
     "PackedDecoder",
     "PackedEmbedding",
     "PackedLinear",
+    "Prepared",
     "apply",
     "attention_kernel",
     "attention_tiles",
@@ -97,6 +105,7 @@ __all__ = [
     "frozen_weights",
     "fuse_lm_loss",
     "keep_freed_memory",
+    "levers",
     "linear",
     "linear_cross_entropy",
     "loss_kernels",
@@ -106,6 +115,7 @@ __all__ = [
     "onednn_products",
     "packed_decoder",
     "packed_steps",
+    "prepare",
     "quantize",
     "return_freed_memory",
     "tiles_available",

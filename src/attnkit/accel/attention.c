@@ -19,15 +19,16 @@
  * With AVX-512 the softmax's passes and the transposes of k and v are written in intrinsics
  * (avx512.h): gcc's own vectorisation of the sum left a scalar tail per row, and the transposes
  * went an element at a time. With AVX2 the transposes are (avx2.h). Where gcc targets AMX
- * tiles (-march=native on an Intel Xeon from Sapphire Rapids on) and Linux lends them,
+ * tiles (the "amx" variant, for an Intel Xeon from Sapphire Rapids on) and Linux lends them,
  * bfloat16 inputs take attention_tiles.h's path instead: the products on tiles.
  * Packed sequences (View.first, Shape.n_of / m_of): batch b's rows start at row first[b] of
  * one (T, H, d) tensor and it has its own n and m, all real; each task lays its head out in
  * the scratch at its own sizes. (The tile path takes padded heads only.)
- * Built at first use by cbuild.py.
+ * Built at install by setup.py, one library per instruction set (variants.py).
  */
 #include <stdlib.h>
 #include "fastmath.h"
+#include "structs.h"
 #ifdef __AVX512F__
 #include "avx512.h"
 #define KEYS 16 /* keys transposed at a time in registers (load_cols) */
@@ -38,13 +39,7 @@
 #define TRANSPOSE_BLOCK transpose_block8
 #endif
 
-typedef struct {
-    int dtype;          /* 0 float32, 1 bfloat16 */
-    void *data;
-    int64_t sb, sh, sn; /* strides in elements: batch, head, position (the last axis is 1) */
-    const int64_t *first; /* packed sequences: batch b's positions start at row first[b] (and
-                           * sb is unused); NULL: at b * sb */
-} View;
+/* View (a tensor's rows) and Shape (the call's sizes) are defined in structs.h */
 
 /* where position n of head h of batch b starts, in elements */
 static inline int64_t offset(const View *v, int b, int h, int n) {
@@ -187,16 +182,6 @@ static void rows_times_x(const float *P, size_t sr, size_t sk, const float *X, i
         }
     }
 }
-
-typedef struct {
-    int batch, heads, n, m, d, causal;
-    float scale;
-    const uint8_t *valid; /* batch x m (1 = a real key) or NULL */
-    int tiles;            /* 1: bfloat16 products on AMX tiles where the processor has them */
-    /* packed sequences (View.first): batch b has n_of[b] queries and m_of[b] keys, all real,
-     * and n, m are the largest; NULL: n and m for every batch */
-    const int32_t *n_of, *m_of;
-} Shape;
 
 /* batch b's own shape */
 static Shape of_batch(const Shape *s, int b) {
@@ -485,4 +470,15 @@ int attention_tiles(void) {
 #else
     return 0;
 #endif
+}
+
+/* The size of each struct in structs.h (0 View, 1 Shape, 2 LlamaLayer): native.py compares them
+ * with its ctypes classes when it loads the library. */
+long attnkit_struct_size(int which) {
+    switch (which) {
+    case 0: return (long)sizeof(View);
+    case 1: return (long)sizeof(Shape);
+    case 2: return (long)sizeof(LlamaLayer);
+    default: return -1;
+    }
 }

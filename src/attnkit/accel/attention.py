@@ -17,7 +17,7 @@ Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention ru
 GFLOP/s in float32 and slower still in bf16, so attention became the largest cost of a bf16
 step after the products. The kernel (one (batch, head) per task, register-blocked products over
 float32 scratch, p recomputed from the row's log-sum-exp in the backward) is measured against
-it in bench/README.md. The forward saves only the output and one log-sum-exp per row, as torch's
+it in bench/history/. The forward saves only the output and one log-sum-exp per row, as torch's
 kernel does. ``attention_kernel(False)`` or ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off.
 
 bfloat16 inputs compute in float32, except where the kernel is built for AMX tiles (an Intel
@@ -29,10 +29,7 @@ the products that take them, as FlashAttention's bf16 kernels do (``attention_ti
 
 from __future__ import annotations
 
-import ctypes
 from contextlib import contextmanager
-from functools import cache
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -43,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 
 from attnkit import backends
-from attnkit.accel.cbuild import build
+from attnkit.accel import native
 from attnkit.accel.switch import Switch
 
 __all__ = [
@@ -52,46 +49,18 @@ __all__ = [
     "tiles_available",
 ]  # fmt: skip
 
-_SOURCE = Path(__file__).with_name("attention.c")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_SCRATCH = 1 << 22  # padded N x M per head (the backward keeps two): beyond, torch's kernel
 _switch = Switch("ATTNKIT_ATTENTION_KERNEL")
 _tiles = Switch("ATTNKIT_ATTENTION_TILES")
 
 
-class _View(ctypes.Structure):
-    _fields_ = [
-        ("dtype", ctypes.c_int),
-        ("data", ctypes.c_void_p),
-        *[(name, ctypes.c_int64) for name in ("sb", "sh", "sn")],
-        ("first", ctypes.c_void_p),
-    ]
+_View, _Shape = native.structure("View"), native.structure("Shape")  # structs.h
 
 
-class _Shape(ctypes.Structure):
-    _fields_ = [
-        *[(name, ctypes.c_int) for name in ("batch", "heads", "n", "m", "d", "causal")],
-        ("scale", ctypes.c_float),
-        ("valid", ctypes.c_void_p),
-        ("tiles", ctypes.c_int),
-        ("n_of", ctypes.c_void_p),
-        ("m_of", ctypes.c_void_p),
-    ]
-
-
-@cache
 def kernel():
-    """``attention.c`` compiled (a ``ctypes`` library), or None where it cannot be built."""
-    library = build(_SOURCE)
-    if library is not None:
-        view, shape = ctypes.POINTER(_View), ctypes.POINTER(_Shape)
-        library.attention_forward.argtypes = [shape, *[view] * 4, ctypes.c_void_p, ctypes.c_int]
-        library.attention_backward.argtypes = [
-            shape, *[view] * 5, ctypes.c_void_p, *[view] * 3, ctypes.c_int,
-        ]  # fmt: skip
-        library.attention_forward.restype = library.attention_backward.restype = ctypes.c_int
-        library.attention_tiles.restype = ctypes.c_int
-    return library
+    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
+    return native.library()
 
 
 def attention_kernel(enabled: bool):
@@ -109,7 +78,7 @@ def attention_tiles(enabled: bool):
 
 def tiles_available() -> bool:
     """Whether bfloat16 attention runs its products on AMX tiles here: the kernel was built with
-    them (a processor with AMX-BF16, and gcc's ``-march=native``) and Linux lends them."""
+    them (the ``amx`` variant of :mod:`attnkit.accel.native` is in use) and Linux lends them."""
     library = kernel()
     return library is not None and bool(library.attention_tiles())
 

@@ -21,7 +21,7 @@
  * (two tiles). The softmax runs on AVX-512 intrinsics, one pass for the row maximum and one for
  * exp, the sum and the rounding (the forward divides o by the sum instead of p). On an Intel
  * Xeon (family 6, model 167; 2 threads) this halves the bf16 kernel's time at lm-small's and
- * mt-small's shapes against the float32-arithmetic path (bench/README.md). */
+ * mt-small's shapes against the float32-arithmetic path (bench/history/). */
 #include <sys/syscall.h>
 #include <unistd.h>
 

@@ -5,10 +5,10 @@ the growing cache does not recompile), made once per process and device type. On
 weights become constants of the compiled step (Inductor's *freezing*), which lets Inductor pack
 each weight matrix for its own C++ matrix kernel and keep that kernel where it measures faster
 than torch's (``max_autotune``). The first call for a model compiles (a C++ compiler is
-needed; bench/README.md gives the time it took); later calls reuse it.
+needed; bench/history/ gives the time it took); later calls reuse it.
 ``generate(..., compile=True)`` uses both. Autotuning builds and times several kernels for
 each product: on an empty Inductor cache lm-small's first compile took 81 s with it and 47.5 s
-without (bench/README.md). ``ATTNKIT_AUTOTUNE=0`` (or ``with autotuning(False):``) compiles
+without (bench/history/). ``ATTNKIT_AUTOTUNE=0`` (or ``with autotuning(False):``) compiles
 without it, with torch's GEMM.
 
 Because the compiled step holds its own packed copy of the weights, :func:`frozen_weights`

@@ -16,7 +16,7 @@ over those packed rows runs eagerly between the layer's compiled parts (a graph 
 attnkit's kernel takes them as they lie. T changes from batch to batch, so it is marked
 dynamic: one compile serves every batch. (Before, the stacks ran the padded batch inside the
 block, and mt-small's compiled step took the padded stacks' time, 1.14x the eager unpadded
-one: bench/README.md.)
+one: bench/history/.)
 
 Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
 traces one layer, and the compiled code serves all of them (the weights are its inputs, not
@@ -27,7 +27,7 @@ The compiled code is made once per layer and kept (a new input shape may compile
 Dynamo then makes it shape-generic). Inductor caches what it builds on disk
 (``TORCHINDUCTOR_CACHE_DIR``; by default under the system's temporary directory), so a second
 process compiles from the cache (5-8 s). Whether it pays depends on the processor:
-bench/README.md measures it (on a 2-core Zen 4 it did not).
+bench/history/ measures it (on a 2-core Zen 4 it did not).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
         # output is saved as a (tokens, d_ff) view for the next product's gradient also saved
         # the mask out <= 0 as a bool tensor, and Inductor's CPU code writes and reads bool
         # tensors element by element: an mt-small step went from 1.19x the eager step's time
-        # to 0.94x (bench/README.md).
+        # to 0.94x (bench/history/).
         import torch._functorch.config as functorch_config
 
         with functorch_config.patch(recompute_views=bool(layers)):

@@ -2,7 +2,7 @@
 
 A decoding step is a matrix-vector product per layer. With the weight stored as (in, out) rows,
 ``F.linear`` hands torch's GEMM the contiguous (in, out) matrix and the product streams it row
-after row (``y += x_k * W^T[k, :]``), which on the CPUs measured (bench/README.md) runs faster
+after row (``y += x_k * W^T[k, :]``), which on the CPUs measured (bench/history/) runs faster
 than over the (out, in) layout (Hugging Face's GPT-2 stores its weights as (in, out) ``Conv1D``s).
 """
 

@@ -15,7 +15,7 @@
  * transpose_add (at the end) sums the output layer's dL/dW from the chunks' parts, which the
  * products give transposed.
  *
- * Built at first use by cbuild.py (-O3 -march=native -fopenmp); exp is fastmath.h's
+ * Built at install by setup.py, once per instruction set (variants.py); exp is fastmath.h's
  * polynomial, so that gcc can vectorise every loop without a vector maths library.
  */
 #include <stdlib.h>

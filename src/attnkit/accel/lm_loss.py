@@ -3,13 +3,13 @@
 ``linear_cross_entropy(hidden, weight, targets)`` is ``F.cross_entropy(hidden @ weight.T,
 targets)`` computed in chunks of rows; ``fuse_lm_loss(model)`` makes a model's ``lm_head.loss``
 (``layers.LMHead``) use it. Same value, same gradients (tested); the speed-up is measured in
-bench/README.md.
+bench/history/.
 
 Each chunk's row-wise work (log-sum-exp, the target's logit, the gradient written over the
-logits) is one call of a small C kernel, ``lm_loss.c``, built at first use
-(:mod:`attnkit.accel.cbuild`): three passes over each row while it sits in the cache, in the
+logits) is one call of a small C kernel, ``lm_loss.c``, built at install
+(:mod:`attnkit.accel.native`): three passes over each row while it sits in the cache, in the
 logits' own dtype, where torch's operators take six to eight passes and, under bf16 autocast,
-two casts of the chunk. Without a C compiler (or with ``loss_kernels(False)``,
+two casts of the chunk. Without the kernels (or with ``loss_kernels(False)``,
 ``ATTNKIT_LOSS_KERNEL=0``) torch's operators do the same work.
 
 Where torch's own product forms the logits (float32 without oneDNN, bf16), each chunk's logits
@@ -19,7 +19,6 @@ dtype, 32 MiB or more on the CPU): fresh memory of that size costs thousands of 
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from functools import cache
 from pathlib import Path
@@ -29,14 +28,14 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.profiler import record_function
 
-from attnkit.accel.cbuild import build
+from attnkit.accel import native
 from attnkit.accel.onednn import linear, mm_t, use_onednn
+from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 from attnkit.layers import LMHead
 
 __all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy", "loss_kernels", "row_kernel"]
 
-_SOURCE = Path(__file__).with_name("lm_loss.c")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _switch = Switch("ATTNKIT_LOSS_KERNEL")
 
@@ -58,7 +57,7 @@ def _last_level_cache() -> int:
 def _chunk_rows(vocab_size: int) -> int:
     """Rows per chunk: float32 logits of 32 MiB, or of half the last-level cache where that is
     more, in a power of two of rows (1,024 for V = 8192, under a 32 MiB L3 and under the 105
-    MiB of the Xeon in bench/README.md): few enough chunks that the per-chunk work costs little,
+    MiB of the Xeon in bench/history/): few enough chunks that the per-chunk work costs little,
     and a longer inner dimension for dL/dW's products. 16 MiB (512 rows) made a whole lm-small
     step 2-8% slower on the Xeon, and 3-4% slower on a Zen 3, whose 32 MiB L3 held them."""
     values = max(1 << 23, _last_level_cache() // 8)  # float32 values in 32 MiB, or LLC / 2
@@ -66,21 +65,9 @@ def _chunk_rows(vocab_size: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-@cache
 def row_kernel():
-    """``lm_loss.c`` compiled (a ``ctypes`` library), or None where it cannot be built."""
-    kernel = build(_SOURCE)
-    if kernel is not None:
-        kernel.lm_loss_rows.argtypes = [
-            ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_float, ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int,
-        ]  # fmt: skip
-        kernel.lm_loss_rows.restype = ctypes.c_int
-        kernel.transpose_add.argtypes = [
-            ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 5,
-        ]  # fmt: skip
-        kernel.transpose_add.restype = None
-    return kernel
+    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
+    return native.library()
 
 
 def loss_kernels(enabled: bool):
@@ -174,7 +161,7 @@ def _scratch(
     CPU the same memory serves every call of this thread (one tensor per use and dtype, as
     large as the largest asked for: 4-64 MiB for lm-small), so that these never land on fresh
     pages (thousands of page faults each, about 1.5 us apiece on the Xeon in
-    bench/README.md); elsewhere a new tensor (the device's own allocator keeps freed
+    bench/history/); elsewhere a new tensor (the device's own allocator keeps freed
     blocks)."""
     numel = shape[0] * shape[1]
     if device.type != "cpu":
@@ -232,7 +219,7 @@ def _chunked(hidden, weight, targets, ignore_index, smoothing, with_grads):
         # (a chunk's whole loss and gradients 1.08x), and each chunk's part is added, turned,
         # to a float32 (V, D) sum (_add_transposed: torch's add of a transposed view is ten
         # times slower); torch's float32 GEMM (MKL) gains nothing from it (0.98x), so it runs
-        # (V, D) and adds each chunk inside the product (addmm_). bench/README.md has the
+        # (V, D) and adds each chunk inside the product (addmm_). bench/history/ has the
         # figures.
         onednn = use_onednn(h_all, w, None)
         # Where torch's product forms them, every chunk's logits go into one scratch tensor,
@@ -366,6 +353,12 @@ class FusedLMHead(LMHead):
     """An ``LMHead`` whose ``loss`` is :func:`linear_cross_entropy` (same parameters, same
     state-dict names) and whose logits go through :func:`attnkit.accel.onednn.linear`."""
 
+    @classmethod
+    def from_head(cls, head: LMHead) -> FusedLMHead:
+        """A new head holding ``head``'s weight and bias (the same tensors: a weight tied to
+        the embedding stays tied)."""
+        return rebuilt(cls, head)
+
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
 
@@ -376,8 +369,6 @@ class FusedLMHead(LMHead):
 
 
 def fuse_lm_loss(model: nn.Module) -> nn.Module:
-    """Give every ``LMHead`` of ``model`` the fused loss (in place); returns the model."""
-    for module in model.modules():
-        if type(module) is LMHead:
-            module.__class__ = FusedLMHead
-    return model
+    """Replace every ``LMHead`` of ``model`` by a :class:`FusedLMHead` over the same weights
+    (:func:`~attnkit.accel.swap.swap_modules`); returns the model."""
+    return swap_modules(model, lambda m: FusedLMHead.from_head(m) if type(m) is LMHead else None)

@@ -4,7 +4,7 @@ glibc's ``malloc`` serves every block above its mmap threshold (128 KiB, raised 
 to 32 MiB as blocks are freed) with a fresh ``mmap``, and returns the top of its heap to the
 kernel once more than the trim threshold is free. A training step allocates and frees the same
 large activations every step, so each step touches fresh pages again: an lm-small step on 2
-cores took 14,000-24,000 minor page faults, and 2-20% of its time went to them (bench/README.md,
+cores took 14,000-24,000 minor page faults, and 2-20% of its time went to them (bench/history/,
 ``bench/memory.py``). ``keep_freed_memory()`` raises both thresholds (``mallopt``), once per
 process: blocks up to 1 GiB come from the heap, and up to 2 GiB of free heap stays mapped. The
 step's peak memory does not change; the process simply keeps it between steps, as PyTorch's

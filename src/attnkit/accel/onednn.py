@@ -2,7 +2,7 @@
 
 torch sends float32 CPU matrix products to MKL, whose CPU dispatch gives non-Intel processors
 slower code paths on some processors; oneDNN chooses its kernels by the instruction set alone.
-How much this gains depends on the processor (bench/README.md): measure it before relying on it.
+How much this gains depends on the processor (bench/history/): measure it before relying on it.
 
 ``onednn_products()`` is a torch function mode: inside it every ``torch.nn.functional.linear``
 (every ``nn.Linear`` and every slice of a weight, the cross-attention's included) whose
@@ -13,7 +13,7 @@ Strict float32 throughout. The oneDNN path differentiates once (no second deriva
 ``ATTNKIT_ONEDNN_LINEAR=1`` turns it on. By default the first use measures which GEMM is faster
 on this processor at the current thread count (:func:`measure`, well under a second) and takes
 oneDNN only where it wins (oneDNN's float32 GEMM was the faster on AMD's Zen 4 and Zen 5 in
-bench/README.md, MKL's on an Intel Xeon). The choice is kept in
+bench/history/, MKL's on an Intel Xeon). The choice is kept in
 ``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE`` moves it), one per processor, torch
 version and thread count, so that every later process (a resumed run, the other ranks of a
 distributed one) makes the same choice and the same arithmetic; :func:`onednn_choice` says
@@ -31,10 +31,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
-from attnkit.accel.cbuild import cache_dir, processor
 from attnkit.accel.switch import Switch
 
 try:
@@ -73,6 +74,23 @@ if os.environ.get(_switch.env, "auto") not in ("0", "1"):
 # oneDNN must beat MKL by this much to be chosen: torch's own GEMM is the default.
 _MARGIN = 0.97
 _choice: dict | None = None  # the measured default, once known
+
+
+def cache_dir() -> Path:
+    """Where the measured choice is kept: ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE``
+    moves it)."""
+    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
+    return Path(root) / "kernels"
+
+
+def processor() -> str:
+    """The processor's model name and instruction-set flags (part of the choice's key)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        return platform.processor()
 
 
 # Known at import, so that a graph being compiled reads a constant (Dynamo does not trace

@@ -18,10 +18,11 @@
  * dequantized weights up to float32 rounding in a different order.
  *
  * Vector code for AVX-512 (16 floats at a time) and AVX2 + FMA + F16C (8), plain C elsewhere;
- * built at run time with the machine's own flags (-march=native, attnkit/accel/packed.py).
+ * built at install by setup.py, one library per instruction set (variants.py).
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include "structs.h"
 #include <string.h>
 #include <math.h>
 
@@ -338,15 +339,7 @@ int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows
  *   the key head it shares, h / (n_heads / n_kv_heads));  x = x + a W_out
  *   h = RMSNorm_2(x);  x = x + (SiLU(h W_gate) * (h W_up)) W_down
  * ------------------------------------------------------------------------------------------ */
-typedef struct {
-    int d_model, n_heads, n_kv_heads, d_head, d_ff;
-    float eps, scale;       /* RMSNorm's epsilon; the scores' factor, 1 / sqrt(d_head) */
-    const float *norm1;     /* RMSNorm gains (d_model) before attention */
-    const float *norm2;     /* ... and before the feed-forward network */
-    const float *inv_freq;  /* RoPE's inverse frequencies (d_head / 2) */
-    int kind[5];            /* in_proj, out_proj, gate, up, down: 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K */
-    const uint8_t *weight[5];
-} LlamaLayer;
+/* LlamaLayer (the layer's sizes, norms and packed weights) is defined in structs.h */
 
 /* out = x / sqrt(mean(x^2) + eps) * g for each row. */
 static void rms_norm(const float *x, const float *g, float *out, int rows, int D, float eps) {

@@ -14,10 +14,9 @@ each block once and uses it for every row::
 Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_linear``
 (:func:`register_operator`), which stays one call inside a compiled step.
 
-The kernel is compiled at first use with the machine's C compiler (``-O3 -march=native
--fopenmp``) into ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves it), keyed by the source
-and the processor, so a second process loads it at once. Up to ``PROMPT_ROWS`` rows go through
-it, ``MAX_ROWS`` at a time. A longer input (a prompt), a gradient, or no compiler: the blocks
+The kernel is built at install, one variant per instruction set, the CPU's own loaded at run
+time (:mod:`attnkit.accel.native`). Up to ``PROMPT_ROWS`` rows go through
+it, ``MAX_ROWS`` at a time. A longer input (a prompt), a gradient, or no kernels: the blocks
 are dequantized to float32 (by the kernel's one-pass ``packed_dequantize``, or by
 :func:`dequantize` without it; both bit for bit ``gguf.quants``), a few thousand rows at a time,
 and go through a GEMM, which reuses each weight for many rows: oneDNN's where
@@ -27,14 +26,10 @@ and go through a GEMM, which reuses each weight for many rows: oneDNN's where
 
 from __future__ import annotations
 
-import ctypes
-from functools import cache
-from pathlib import Path
-
 import torch
 from torch import Tensor, nn
 
-from attnkit.accel.cbuild import build
+from attnkit.accel import native
 from attnkit.accel.onednn import linear
 
 __all__ = [
@@ -54,7 +49,6 @@ Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
-_SOURCE = Path(__file__).with_name("packed.c")
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,38 +111,13 @@ def repack_q4_k(data: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-@cache
 def packed_kernel():
-    """The compiled kernel (a ``ctypes`` library), or None where it cannot be built (no C
-    compiler, not an x86 or ARM Linux machine, a failed build): callers fall back to
-    dequantizing."""
-    kernel = build(_SOURCE)
-    if kernel is None:
-        return None
-    kernel.packed_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4]
-    kernel.packed_matmul.restype = ctypes.c_int
-    kernel.packed_dequantize.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int] * 3]
-    kernel.packed_dequantize.restype = ctypes.c_int
-    kernel.packed_llama_step.argtypes = [  # layer, x, rows, positions, valid, the cache, sizes
-        ctypes.POINTER(LlamaLayer), ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 5,
-        *[ctypes.c_int] * 3,
-    ]  # fmt: skip
-    kernel.packed_llama_step.restype = ctypes.c_int
-    return kernel
+    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None:
+    callers fall back to dequantizing."""
+    return native.library()
 
 
-class LlamaLayer(ctypes.Structure):
-    """packed.c's ``LlamaLayer``: one Llama layer's sizes, norms and packed weights, for
-    ``packed_llama_step`` (:mod:`attnkit.accel.packed_step` fills it)."""
-
-    _fields_ = [
-        *[(name, ctypes.c_int) for name in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_ff")],
-        ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        *[(name, ctypes.c_void_p) for name in ("norm1", "norm2", "inv_freq")],
-        ("kind", ctypes.c_int * 5),
-        ("weight", ctypes.c_void_p * 5),
-    ]
+LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_step's layer
 
 
 # --------------------------------------------------------------------------------------------

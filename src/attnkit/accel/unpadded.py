@@ -3,7 +3,7 @@
 A padded batch (B, N) of sequences with L_1, ..., L_B real tokens spends B N rows of every
 product, where T = sum L_b would do. Padding cannot change a real token's output: as a key it is
 masked, and everything else in a layer (the projections, the feed-forward network, the norms,
-the residual adds) works on each position alone. So ``unpad_stacks(model)`` (in place, like
+the residual adds) works on each position alone. So ``unpad_stacks(model)`` (a module swap, like
 :func:`~attnkit.accel.fuse_lm_loss`) gives the model's encoder and decoder stacks a forward
 that
 
@@ -46,6 +46,7 @@ from attnkit.accel.attention import (
     packed_self_attention,
     takes_packed,
 )
+from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 from attnkit.attention import MultiHeadAttention
 from attnkit.layers import MoEFeedForward
@@ -302,13 +303,14 @@ _SWAPS = {
 
 
 def unpad_stacks(model: nn.Module) -> nn.Module:
-    """Give ``model``'s stacks the unpadded forward (in place; see the module docstring);
-    returns the model. A mixture of experts keeps the padded one."""
-    modules = list(model.modules())
-    if any(isinstance(m, MoEFeedForward) for m in modules):
+    """Replace ``model``'s stacks and attention layers by their unpadded versions over the same
+    weights (:func:`~attnkit.accel.swap.swap_modules`; see the module docstring); returns the
+    model. A mixture of experts keeps the padded forward."""
+    if any(isinstance(m, MoEFeedForward) for m in model.modules()):
         return model
-    for module in modules:
+
+    def unpadded(module: nn.Module) -> nn.Module | None:
         swap = _SWAPS.get(type(module))
-        if swap is not None:
-            module.__class__ = swap
-    return model
+        return None if swap is None else rebuilt(swap, module)
+
+    return swap_modules(model, unpadded)

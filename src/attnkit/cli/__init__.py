@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from attnkit.cli._common import UsageError
@@ -17,7 +18,24 @@ from attnkit.cli.parser import build_parser
 __all__ = ["UsageError", "build_parser", "main"]
 
 
+def _one_line_warnings() -> None:
+    """attnkit's own warnings (a kernel that did not load) as one line each, not with the
+    source line that raised them."""
+    from attnkit.accel.native import KernelWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, KernelWarning):
+            print(f"attnkit: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _one_line_warnings()
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

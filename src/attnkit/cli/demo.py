@@ -62,7 +62,7 @@ def _steps_per_second(model, task, train) -> float:
     from attnkit.training.tasks import on_device
 
     device = resolve_device(train.device, torch.device("cpu"))  # where the Trainer will train
-    probe = accel.apply(copy.deepcopy(model)).to(device).train()
+    probe = accel.prepare(copy.deepcopy(model), "training").model.to(device).train()
     batch = on_device(probe, task.train_batch(0, 0, train.batch_size))
     times = []
     for _ in range(4):

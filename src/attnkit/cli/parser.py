@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import attnkit
+from attnkit.cli import info
 from attnkit.cli._common import _add_dequantize_option, _add_device_option, _Parser
 from attnkit.cli.demo import _cmd_demo
 from attnkit.cli.embed import _cmd_embed
@@ -157,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the named ModelConfig presets: family, sizes and parameter count.",
     )
     models.set_defaults(handler=_cmd_models)
+
+    info.register(commands)
 
     generate = commands.add_parser(
         "generate",

@@ -212,6 +212,7 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
     )
     if device.type == "cpu" and precision == "fp32":
         say(f"  gemm   {describe_choice()}")  # measured once per processor, then kept
+    say(f"  {trainer.levers.line()}")
     for line in report.lines() if report else ():
         say(f"  {line}")
     if trainer.frozen:

@@ -84,7 +84,7 @@ def _add_training_commands(commands) -> None:
         help="run the Transformer layers through torch.compile (the same as --set "
         "train.compile=true); the first step compiles them (about half a minute for the "
         "small presets on 2 cores; Inductor caches the result on disk, and a later run "
-        "starts in seconds). Whether it is faster depends on the CPU: see bench/README.md",
+        "starts in seconds). Whether it is faster depends on the CPU: see bench/history/",
     )
     train.add_argument("--quiet", action="store_true", help="print nothing but errors")
     train.add_argument(

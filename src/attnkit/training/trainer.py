@@ -137,7 +137,8 @@ class Trainer:
         self.sharded = self.dist.enabled and strategy == "fsdp"
         self.frozen = freeze(model, config.freeze)  # before the optimizer sees the parameters
         accel.check_compiler(config.compile, sharded=self.sharded)  # train.compile: can it run?
-        accel.apply(model)  # the fused LM-head loss (the levers of a step: step_context)
+        # the fused LM-head loss and the unpadded stacks; the levers of a step: step_context
+        self.levers = accel.prepare(model, "training")
         check_world(config, self.dist.world)  # every micro-batch of every rank gets a row
         # what the training forward runs, and (FSDP) the plain full copy made before sharding
         self.train_model, self.model = wrap_model(model, self.dist, strategy, config.device)

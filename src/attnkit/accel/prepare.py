@@ -1,0 +1,147 @@
+"""One call that readies a model for its job, and says what it turned on and why anything is off.
+
+::
+
+    report = accel.prepare(model, "training")   # the trainer calls it
+    print(report.line())    # levers: fused-loss on, unpadded on, attention-kernel on (amx), ...
+
+``levers(job)`` answers the same question without a model (``attnkit info`` prints it for both
+jobs). Each :class:`Lever` is one speed lever of this package: its name, whether it is on, and
+why (the switch or environment variable that turned it off, the kernel that is missing, the
+CPU feature that is absent). The levers themselves live in their own modules; this one only
+chooses and reports:
+
+- training: the fused LM-head loss and the unpadded stacks change the model (module swaps);
+  the attention kernel, oneDNN's float32 products and glibc's kept memory act on each step
+  (``training.config.step_context``); compiled layers are the recipe's ``train.compile``;
+- decoding: a Llama model with packed GGUF weights steps in C; other models lay their linear
+  weights out for one-row products; ``generate(compile=True)`` compiles the step.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their switches)
+from attnkit.accel.attention import tiles_available
+from attnkit.accel.lm_loss import fuse_lm_loss
+from attnkit.accel.onednn import describe_choice, onednn_choice, onednn_linear_available
+from attnkit.accel.switch import switch
+from attnkit.accel.unpadded import unpad_stacks
+from attnkit.layers import LMHead, MoEFeedForward
+
+__all__ = ["JOBS", "Lever", "Prepared", "levers", "prepare"]
+
+JOBS = ("training", "decoding")
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One speed lever: ``name``, whether it is ``on``, and ``why`` (a few words)."""
+
+    name: str
+    on: bool
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name} {'on' if self.on else 'off'}" + (f" ({self.why})" if self.why else "")
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` did: the model (the same object, changed in place where a lever
+    swaps modules) and every lever with its state."""
+
+    model: nn.Module
+    job: str
+    levers: list[Lever] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The levers in one line, for a run's header."""
+        return "levers: " + ", ".join(str(lever) for lever in self.levers)
+
+
+def _kernel_lever(name: str, env: str, what: str = "") -> Lever:
+    """A lever that needs the native kernels: on when they loaded and its switch is on."""
+    if not switch(env).on:
+        return Lever(name, False, switch(env).why_off)
+    if native.library() is None:
+        return Lever(name, False, "no native kernels (see attnkit info)")
+    return Lever(name, True, what or f"{native.variant()} kernels")
+
+
+def _training_levers(model: nn.Module | None) -> list[Lever]:
+    modules = [] if model is None else list(model.modules())
+    has_head = model is None or any(isinstance(m, LMHead) for m in modules)
+    moe = any(isinstance(m, MoEFeedForward) for m in modules)
+    levers = []
+    if not has_head:
+        levers.append(Lever("fused-loss", False, "no LM head"))
+    else:
+        kernel = _kernel_lever("fused-loss", "ATTNKIT_LOSS_KERNEL")
+        why = "rows in C" if kernel.on else f"rows in torch: {kernel.why}"
+        levers.append(Lever("fused-loss", True, why))
+    if not switch("ATTNKIT_UNPAD").on:
+        levers.append(Lever("unpadded", False, switch("ATTNKIT_UNPAD").why_off))
+    elif moe:
+        levers.append(Lever("unpadded", False, "a mixture of experts counts padded tokens"))
+    else:
+        levers.append(Lever("unpadded", True))
+    levers.append(_kernel_lever("attention-kernel", "ATTNKIT_ATTENTION_KERNEL"))
+    if not switch("ATTNKIT_ATTENTION_TILES").on:
+        levers.append(Lever("amx-tiles", False, switch("ATTNKIT_ATTENTION_TILES").why_off))
+    else:
+        tiles = switch("ATTNKIT_ATTENTION_KERNEL").on and tiles_available()
+        levers.append(Lever("amx-tiles", tiles, "bf16 attention" if tiles else "no AMX here"))
+    if not onednn_linear_available():
+        levers.append(Lever("onednn-fp32", False, "torch has no oneDNN linear"))
+    else:
+        choice = onednn_choice()
+        levers.append(Lever("onednn-fp32", bool(choice["on"]), describe_choice()))
+    kept = platform.libc_ver()[0] == "glibc" and os.environ.get("ATTNKIT_KEEP_MEMORY") != "0"
+    why = "glibc" if kept else ("ATTNKIT_KEEP_MEMORY=0" if platform.libc_ver()[0] else "no glibc")
+    levers.append(Lever("keep-memory", kept, why))
+    return levers
+
+
+def _decoding_levers() -> list[Lever]:
+    layout = switch("ATTNKIT_DECODING_LAYOUT")
+    return [
+        _kernel_lever(
+            "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama, {native.variant()} kernels"
+        ),
+        Lever("decoding-layout", layout.on, "" if layout.on else layout.why_off),
+        Lever("compiled-step", False, "generate(compile=True) asks for it"),
+    ]
+
+
+def levers(job: str) -> list[Lever]:
+    """The levers :func:`prepare` would turn on for ``job`` here, with no model in hand."""
+    if job not in JOBS:
+        raise ValueError(f"levers: job must be one of {JOBS}, got {job!r}")
+    return _training_levers(None) if job == "training" else _decoding_levers()
+
+
+def prepare(model: nn.Module, job: str) -> Prepared:
+    """Ready ``model`` for ``job`` (``"training"`` or ``"decoding"``) and report every lever.
+
+    For training, the model's LM heads get the fused loss and its stacks the unpadded forward
+    (module swaps, in place); the levers that act on each step are reported as they will run.
+    For decoding nothing is changed here: ``generate`` chooses its step per call.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
+    if job not in JOBS:
+        raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
+    if job == "decoding":
+        return Prepared(model, job, _decoding_levers())
+    found = _training_levers(model)
+    if found[0].on:
+        fuse_lm_loss(model)
+    if found[1].on:
+        unpad_stacks(model)
+    return Prepared(model, job, found)

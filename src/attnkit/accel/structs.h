@@ -1,0 +1,56 @@
+/* The structs that Python hands the kernels, defined once.
+ *
+ * Each is a list of FIELD(type, name, array length or nothing). C expands the lists below into
+ * typedefs; attnkit/accel/native.py reads the same lines and builds its ctypes.Structure
+ * classes from them (a pointer becomes c_void_p), so the two layouts cannot drift apart. Keep
+ * one field per FIELD(...), with types among: int, float, int64_t, and pointers.
+ */
+#ifndef ATTNKIT_STRUCTS_H
+#define ATTNKIT_STRUCTS_H
+#include <stdint.h>
+
+/* A (B, H, N, d) tensor, or packed sequences' (T, H, d) rows (attention.c). */
+#define ATTNKIT_VIEW(FIELD)                                                                  \
+    FIELD(int, dtype, )           /* 0 float32, 1 bfloat16 */                              \
+    FIELD(void *, data, )                                                                  \
+    FIELD(int64_t, sb, )          /* strides in elements: batch, head, position (last: 1) */ \
+    FIELD(int64_t, sh, )                                                                   \
+    FIELD(int64_t, sn, )                                                                   \
+    FIELD(const int64_t *, first, ) /* packed: batch b starts at row first[b] (sb unused) */
+
+/* An attention call's sizes and options (attention.c). */
+#define ATTNKIT_SHAPE(FIELD)                                                                 \
+    FIELD(int, batch, )                                                                    \
+    FIELD(int, heads, )                                                                    \
+    FIELD(int, n, )                                                                        \
+    FIELD(int, m, )                                                                        \
+    FIELD(int, d, )                                                                        \
+    FIELD(int, causal, )                                                                   \
+    FIELD(float, scale, )                                                                  \
+    FIELD(const uint8_t *, valid, ) /* batch x m (1 = a real key) or NULL */               \
+    FIELD(int, tiles, )           /* 1: bfloat16 products on AMX tiles where there are any */ \
+    FIELD(const int32_t *, n_of, ) /* packed: batch b's queries (n is the largest) or NULL */ \
+    FIELD(const int32_t *, m_of, ) /* ... and keys (m is the largest) or NULL */
+
+/* One Llama layer's sizes, norms and packed weights (packed.c's packed_llama_step). */
+#define ATTNKIT_LLAMA_LAYER(FIELD)                                                           \
+    FIELD(int, d_model, )                                                                  \
+    FIELD(int, n_heads, )                                                                  \
+    FIELD(int, n_kv_heads, )                                                               \
+    FIELD(int, d_head, )                                                                   \
+    FIELD(int, d_ff, )                                                                     \
+    FIELD(float, eps, )           /* RMSNorm's epsilon */                                  \
+    FIELD(float, scale, )         /* the scores' factor, 1 / sqrt(d_head) */               \
+    FIELD(const float *, norm1, ) /* RMSNorm gains (d_model) before attention */           \
+    FIELD(const float *, norm2, ) /* ... and before the feed-forward network */           \
+    FIELD(const float *, inv_freq, ) /* RoPE's inverse frequencies (d_head / 2) */         \
+    FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K */ \
+    FIELD(const uint8_t *, weight, [5])
+
+#define ATTNKIT_C_FIELD(type, name, dims) type name dims;
+typedef struct { ATTNKIT_VIEW(ATTNKIT_C_FIELD) } View;
+typedef struct { ATTNKIT_SHAPE(ATTNKIT_C_FIELD) } Shape;
+typedef struct { ATTNKIT_LLAMA_LAYER(ATTNKIT_C_FIELD) } LlamaLayer;
+#undef ATTNKIT_C_FIELD
+
+#endif

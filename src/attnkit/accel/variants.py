@@ -1,0 +1,47 @@
+"""The native kernels' variants, one per instruction set: what each needs of the CPU and how
+it is compiled. Plain data (no imports), read both by ``setup.py``, which builds every variant
+when the package is installed, and by :mod:`attnkit.accel.native`, which loads the best one
+this CPU can run.
+
+The C sources (``attention.c``, ``lm_loss.c``, ``packed.c``) choose their code paths with the
+compiler's own macros (``__AVX2__``, ``__AVX512F__``, ``__AMX_TILE__``), so one source gives
+every variant. Best first.
+"""
+
+SOURCES = ("attention.c", "lm_loss.c", "packed.c")
+
+# common to every variant: optimised, OpenMP for the threads, a shared library
+COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+
+VARIANTS = {
+    # AMX tiles for bfloat16 attention (Intel Xeon from Sapphire Rapids on), on top of AVX-512
+    "amx": {
+        "cpu_flags": (
+            "avx512f",
+            "avx512bw",
+            "avx512dq",
+            "avx512vl",
+            "avx512_bf16",
+            "amx_tile",
+            "amx_bf16",
+        ),
+        "compiler_flags": ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+    },
+    # AVX-512 F/BW/DQ/VL (x86-64-v4: Intel Skylake-X and later, AMD Zen 4 and later)
+    "avx512": {
+        "cpu_flags": ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
+        "compiler_flags": ("-march=x86-64-v4",),
+    },
+    # AVX2, FMA and F16C (x86-64-v3: Intel Haswell and later, AMD Zen 1 and later)
+    "avx2": {
+        "cpu_flags": ("avx2", "fma", "f16c"),
+        "compiler_flags": ("-march=x86-64-v3",),
+    },
+    # plain C: any x86-64 (SSE2), or another processor with no machine flags at all
+    "generic": {
+        "cpu_flags": (),
+        "compiler_flags": ("-march=x86-64",),
+    },
+}
+
+X86_ONLY = ("amx", "avx512", "avx2")  # on another architecture only "generic" is built
