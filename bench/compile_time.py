@@ -113,7 +113,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--configs: unknown {unknown}; choose from {CONFIGS}")
     sys.path.insert(0, os.path.dirname(__file__))
-    from training import SLOW_BF16, cpu_description
+    from common import SLOW_BF16, cpu_description
 
     print(f"CPU: {cpu_description()}, {args.threads} threads")
     kept = runnable(names)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import transformers
 
 import attnkit as ak
 from attnkit.interop import gpt2_to_hf
+from common import save_results
 
 
 def build(seed: int = 0):
@@ -57,7 +57,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=32, help="prompt length")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--json", type=Path, default=Path("runs/bench/generation.json"),
+        help="where to write the figures (default runs/bench/generation.json)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument(
         "--no-compile", action="store_true", help="leave out attnkit with compile=True"
@@ -153,9 +156,12 @@ def main() -> None:
     if not args.no_compile:
         print(f"  compiling (once per process)     {compile_s:8.1f} s")
         figures["compile_s"] = compile_s
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
+    figures["ratios"] = {
+        f"generation: {name} / HF generate": tps[name] / hf_tps
+        for name in candidates
+        if name != "hf"
+    }
+    print(f"wrote {save_results('generation', figures, args.json)}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 
+from common import cpu_description, save_results
 from gguf_speed import PROMPT, model_path
-from training import cpu_description
 
 
 def attnkit_worker(threads: int):
@@ -117,6 +117,15 @@ def main() -> None:
         f"decode, attnkit packed / llama.cpp: median {statistics.median(ratios):.2f}x "
         f"(pairs {min(ratios):.2f}-{max(ratios):.2f}x, {args.tokens} tokens a burst)"
     )
+    name = "SmolLM2 Q4_1 decode: attnkit packed / llama.cpp"
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    figures = {
+        "pairs": ratios,
+        "ratios": {name: statistics.median(ratios)},
+        "spreads": {name: [quartiles[0], statistics.median(ratios), quartiles[2]]},
+        "targets": {name: 1.0},
+    }
+    print(f"wrote {save_results('gguf_decode', figures)}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.interop.gguf import dequantize_blocks, read_gguf
-from training import cpu_description
+from common import cpu_description
 
 KERNEL = r"""
 #include <stdint.h>

@@ -31,8 +31,8 @@ import attnkit as ak
 from attnkit.accel import packed, packed_steps
 from attnkit.generation import _lm_step
 from attnkit.interop import load_tokenizer_for
+from common import cpu_description
 from gguf_speed import PROMPT, model_path
-from training import cpu_description
 
 
 class CountOps(TorchDispatchMode):

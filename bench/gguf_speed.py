@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from training import cpu_description
+from common import cpu_description
 
 # A story's opening: greedy decoding runs on for the whole 128 tokens without an end of text.
 PROMPT = "Once upon a time, in a land far away, there lived"

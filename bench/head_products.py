@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from training import cpu_description
+from common import cpu_description
 
 V, D = 8192, 256
 

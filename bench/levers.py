@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 import attnkit as ak
 from attnkit import accel
-from training import SEED, Candidate, lm_batch, make_optimizer, measure
+from common import SEED, Candidate, measure
+from training_models import lm_batch, make_optimizer
 
 
 def variant(

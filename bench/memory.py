@@ -35,7 +35,7 @@ def worker(name: str, precision: str, repeats: int, threads: int) -> dict:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from attnkit import accel
-    from training import lm_batch, lm_losses, lm_models, make_optimizer, train_step
+    from training_models import lm_batch, lm_losses, lm_models, make_optimizer, train_step
 
     torch.set_num_threads(threads)
     kept = accel.keep_freed_memory()  # as the trainer does (ATTNKIT_KEEP_MEMORY=0: not)
@@ -80,7 +80,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from attnkit import accel
-    from training import SLOW_BF16, cpu_description
+    from common import SLOW_BF16, cpu_description
 
     precisions = ("fp32", "bf16") if accel.bf16_products_fast() else ("fp32",)
     if "bf16" not in precisions:

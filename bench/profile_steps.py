@@ -7,7 +7,7 @@ the operators' own (self) CPU time summed into a few categories.
 
 ``--loss logits --adamw loop`` is the training step as attnkit ran it before issue 10 (the
 model's logits and F.cross_entropy, AdamW's per-parameter loop). To profile the code as it was,
-run this file with ``PYTHONPATH`` pointing at an older ``src`` (see bench/README.md).
+run this file with ``PYTHONPATH`` pointing at an older ``src`` (see bench/history/).
 
 The training step is profiled eager and with its layers compiled (``train.compile = true``,
 ``accel.compiled_layers``); the decoding step eager and with ``generate(..., compile=True)``.

@@ -18,9 +18,9 @@ import torch
 
 import attnkit as ak
 from attnkit.interop import load_tokenizer_for
+from common import cpu_description
 from gguf_agreement import PROMPTS
 from gguf_speed import model_path
-from training import cpu_description
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-from training import cpu_description
+from common import cpu_description
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -34,7 +34,7 @@ from attnkit.accel import (
     loss_kernels,
     tiles_available,
 )
-from training import cpu_description
+from common import cpu_description
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -1,6 +1,6 @@
 """Training speed: attnkit against reference implementations, measured side by side.
 
-Two fixed configurations (bench/README.md lists every size):
+Two fixed configurations (bench/history/ lists every size):
 
 - ``lm-small``: attnkit's DecoderLM (preset "lm-small": vocab 8192, d_model 256, 8 heads,
   4 layers, d_ff 1024, 256 positions, Pre-LN, GELU, tied embeddings, no dropout), batch 8 x 256
@@ -52,32 +52,48 @@ that report the same processor can differ in the second.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import math
-import os
-import platform
-import random
 import statistics
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import transformers
-from torch import Tensor, nn
-from x_transformers import Decoder, TransformerWrapper
+from torch import nn
 
 import attnkit as ak
 from attnkit import accel
 from attnkit.accel import onednn_linear_available
-from attnkit.interop import gpt2_to_hf
+from common import (
+    SEED,
+    SLOW_BF16,
+    Candidate,
+    cpu_description,
+    measure,
+    memory_rates,
+    save_results,
+)
+from training_models import (
+    LM_BATCH,
+    LM_LEN,
+    MT_BATCH,
+    MT_LEN,
+    PADDED,
+    VARIANTS,
+    lm_batch,
+    lm_flops_per_token,
+    lm_losses,
+    lm_models,
+    make_optimizer,
+    mt_batch,
+    mt_losses,
+    mt_models,
+    mt_padding,
+    onednn_switch,
+    train_step,
+)
 
 transformers.logging.set_verbosity_error()
 
-SEED = 0
 TARGETS = {  # issue 24 (and issue 10's x-transformers and MFU rows): the ratios, in one run
     "lm-small fp32: attnkit / HF GPT-2": 1.3,
     "lm-small fp32: attnkit compiled / HF GPT-2": 1.3,
@@ -92,63 +108,11 @@ TARGETS = {  # issue 24 (and issue 10's x-transformers and MFU rows): the ratios
     "lm-small: (attnkit compiled bf16 / fp32) / (products bf16 / fp32)": 0.8,
     "lm-small MFU fp32 attnkit vs torch.mm 4096 float32": 0.45,
 }
-# attnkit's variants, as (compiled layers, oneDNN products): the trainer's step (eager layers,
-# oneDNN products where accel.onednn_choice() measured them faster: None), its layers compiled
-# (train.compile), and both without the oneDNN products (ATTNKIT_ONEDNN_LINEAR=0), which leaves
-# float32 products to torch's own GEMM (MKL on x86)
-PADDED = "attnkit padded stacks"  # mt-small: the trainer's step without accel.unpad_stacks
-VARIANTS = {
-    "attnkit": (False, None),
-    "attnkit compiled": (True, None),
-    "attnkit no oneDNN": (False, False),
-    "attnkit compiled, no oneDNN": (True, False),
-}
-LM_BATCH, LM_LEN = 8, 256
-MT_BATCH, MT_LEN, MT_MIN_LEN = 32, 64, 51  # lengths uniform in [51, 64]: about 10% padding
 
 
 # --------------------------------------------------------------------------------------------
 # Timing: candidates interleaved round by round
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Candidate:
-    """One thing to time: ``run()`` does one unit of work (a training step, a matmul)."""
-
-    name: str
-    run: Callable[[], object]
-    work: float  # tokens (or FLOPs) per run
-    times: list[float] = field(default_factory=list)
-    first: object = None  # what the first run returned (a training step: its loss)
-    first_s: float = 0.0  # how long the first run took (a compiled step: compiling included)
-
-    @property
-    def rate(self) -> float:
-        """Work per second, from the median time."""
-        return self.work / statistics.median(self.times)
-
-
-def measure(candidates: list[Candidate], repeats: int, warmup: int) -> None:
-    """Time every candidate ``repeats`` times, interleaved, after ``warmup`` untimed rounds.
-    Each round runs them in a new order (shuffled, seeded), so that no candidate always
-    follows the same one: the step after a 4096 x 4096 bf16 product ran 4-14% slower, and a
-    step that follows one which handed much memory back to the kernel faults its own memory in
-    again (bench/README.md: 26,925 page faults a step for the candidate that always came after
-    the bf16 products when each round only started one candidate further on, 0 in the median
-    round when shuffled)."""
-    order = random.Random(SEED)
-    for round_ in range(warmup + repeats):
-        shuffled = list(candidates)
-        order.shuffle(shuffled)
-        for c in shuffled:
-            start = time.perf_counter()
-            result = c.run()
-            elapsed = time.perf_counter() - start
-            if round_ == 0:
-                c.first, c.first_s = result, elapsed
-            if round_ >= warmup:
-                c.times.append(elapsed)
 
 
 def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
@@ -170,11 +134,6 @@ def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
             )
         )
     return out
-
-
-def onednn_switch(onednn: bool | None):
-    """``accel.onednn_linear(onednn)``; None leaves the default (``accel.onednn_choice()``)."""
-    return contextlib.nullcontext() if onednn is None else accel.onednn_linear(onednn)
 
 
 def products_candidate(precision: str, onednn: bool | None = None) -> Candidate:
@@ -208,146 +167,9 @@ def products_candidate(precision: str, onednn: bool | None = None) -> Candidate:
 # --------------------------------------------------------------------------------------------
 
 
-def make_optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
-    """AdamW as every candidate gets it: ``fused`` (one kernel per tensor group), ``foreach``
-    or ``loop`` (PyTorch's per-parameter loop, its CPU default)."""
-    options = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **options[kind])
-
-
-def train_step(
-    loss_of: Callable[[], Tensor], optimizer: torch.optim.Optimizer, precision: str
-) -> Callable[[], float]:
-    """One step: loss -> backward -> AdamW. bf16 runs the forward and the loss under autocast
-    (weights, gradients and optimizer state stay float32)."""
-    autocast = (
-        torch.autocast("cpu", dtype=torch.bfloat16)
-        if precision == "bf16"
-        else contextlib.nullcontext()
-    )
-
-    def step() -> float:
-        with autocast:
-            loss = loss_of()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
-
-    return step
-
-
-def logits_loss(
-    logits_of: Callable[[], Tensor], targets: Tensor, ignore_index: int = -100
-) -> Callable[[], Tensor]:
-    """The usual loss: the model's logits (B, N, V), then ``F.cross_entropy`` over them."""
-    flat = targets.reshape(-1)
-
-    def loss() -> Tensor:
-        logits = logits_of()
-        return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), flat, ignore_index=ignore_index
-        )
-
-    return loss
-
-
 # --------------------------------------------------------------------------------------------
 # lm-small: attnkit DecoderLM, Hugging Face GPT-2, x-transformers
 # --------------------------------------------------------------------------------------------
-
-
-def lm_models() -> dict[str, nn.Module]:
-    """The language models, seeded, one per candidate ("attnkit logits" is a second copy of
-    attnkit's, so each has its own optimizer state); GPT-2 holds attnkit's weights exactly."""
-    cfg = ak.ModelConfig.preset("lm-small")
-
-    def attnkit() -> ak.DecoderLM:
-        torch.manual_seed(SEED)
-        return ak.DecoderLM(cfg).train()
-
-    ours = attnkit()
-    variants = {name: attnkit() for name in VARIANTS if name != "attnkit"}
-    hf_config, state = gpt2_to_hf(ours)
-    gpt2 = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
-    )
-    gpt2.load_state_dict(state, strict=False)  # strict=False: GPT-2's causal-mask buffers
-    torch.manual_seed(SEED)
-    xt = TransformerWrapper(
-        num_tokens=cfg.vocab_size,
-        max_seq_len=cfg.max_len,
-        attn_layers=Decoder(
-            dim=cfg.d_model,
-            depth=cfg.n_layers,
-            heads=cfg.n_heads,
-            attn_dim_head=cfg.d_head,  # its default (64) would make attention twice as wide
-            ff_mult=cfg.d_ff // cfg.d_model,
-            attn_flash=True,  # torch's fused attention, as attnkit and GPT-2 (sdpa) use
-        ),
-        tie_embedding=True,
-    )
-    return {
-        "attnkit": ours,
-        **variants,
-        "attnkit logits": attnkit(),
-        "HF GPT-2": gpt2.train(),
-        "x-transformers": xt.train(),
-    }
-
-
-def lm_batch() -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(0, 8192, (LM_BATCH, LM_LEN + 1), generator=g)
-    return ids[:, :-1], ids[:, 1:]  # inputs, next-token targets
-
-
-def with_levers(
-    loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
-) -> Callable[[], Tensor]:
-    """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (``attnkit.accel.onednn_products``, ``accel.fast_attention``, and
-    ``accel.compiled_layers`` for ``train.compile``) as ``variant`` (a key of VARIANTS) says;
-    the references run as they are."""
-    compiled, onednn = VARIANTS[variant]
-
-    def run() -> Tensor:
-        with (
-            onednn_switch(onednn),
-            accel.onednn_products(),
-            accel.fast_attention(),
-            accel.compiled_layers(model, compiled),
-        ):
-            return loss_of()
-
-    return run
-
-
-def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> dict:
-    """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
-    and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
-    its logits and ``F.cross_entropy``, as the references run."""
-    plain = models["attnkit logits"]
-    gpt2, xt = models["HF GPT-2"], models["x-transformers"]
-
-    def ours(variant: str) -> Callable[[], Tensor]:
-        model = accel.apply(models[variant])
-        return with_levers(lambda: model.loss(inputs, targets), model, variant)
-
-    return {
-        **{variant: ours(variant) for variant in VARIANTS},
-        "attnkit logits": with_levers(logits_loss(lambda: plain(inputs), targets), plain),
-        "HF GPT-2": logits_loss(lambda: gpt2(inputs).logits, targets),
-        "x-transformers": logits_loss(lambda: xt(inputs), targets),
-    }
-
-
-def lm_flops_per_token(model: ak.DecoderLM) -> float:
-    """6 P + 12 L D T (see the module docstring)."""
-    cfg = model.cfg
-    positions = model.embeddings.positions
-    p = model.num_parameters() - (0 if positions is None else positions.embedding.weight.numel())
-    return 6.0 * p + 12.0 * cfg.n_layers * cfg.d_model * cfg.max_len
 
 
 def lm_candidates(precision: str, adamw: str) -> list[Candidate]:
@@ -365,138 +187,6 @@ def lm_candidates(precision: str, adamw: str) -> list[Candidate]:
 # --------------------------------------------------------------------------------------------
 
 
-class TorchSeq2Seq(nn.Module):
-    """torch.nn.Transformer made into a translation model the way mt-small is built: a shared
-    embedding times sqrt(d_model) plus the sinusoidal table, Post-LN layers, ReLU, and the output
-    layer tied to the embedding. (nn.Transformer adds a final LayerNorm to each stack.)"""
-
-    def __init__(self, cfg: ak.ModelConfig) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.register_buffer("table", ak.sinusoidal_table(cfg.max_len, cfg.d_model))
-        self.scale = math.sqrt(cfg.d_model)
-        self.core = nn.Transformer(
-            cfg.d_model,
-            cfg.n_heads,
-            cfg.n_layers,
-            cfg.n_layers,
-            cfg.d_ff,
-            dropout=0.0,
-            batch_first=True,
-        )
-        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.out.weight = self.embed.weight
-        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)  # as attnkit's scaled tables
-
-    def forward(self, src: Tensor, tgt: Tensor, src_real: Tensor, tgt_real: Tensor) -> Tensor:
-        s = self.embed(src) * self.scale + self.table[: src.shape[1]]
-        t = self.embed(tgt) * self.scale + self.table[: tgt.shape[1]]
-        blocked = ~ak.causal_mask(tgt.shape[1])  # torch's bool attn_mask: True = blocked
-        hidden = self.core(
-            s,
-            t,
-            tgt_mask=blocked,
-            tgt_is_causal=True,
-            # torch's key_padding_mask means True = padding: the opposite of attnkit's masks
-            src_key_padding_mask=~src_real,
-            tgt_key_padding_mask=~tgt_real,
-            memory_key_padding_mask=~src_real,
-        )
-        return self.out(hidden)
-
-
-def mt_models() -> dict[str, nn.Module]:
-    """The translation models, seeded, one per candidate (as :func:`lm_models`)."""
-    cfg = ak.ModelConfig.preset("mt-small")
-
-    def attnkit() -> ak.Transformer:
-        torch.manual_seed(SEED)
-        return ak.Transformer(cfg).train()
-
-    ours = attnkit()
-    variants = {name: attnkit() for name in (*VARIANTS, PADDED) if name != "attnkit"}
-    torch.manual_seed(SEED)
-    reference = TorchSeq2Seq(cfg).train()
-    torch.manual_seed(SEED)
-    bart = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(
-            vocab_size=cfg.vocab_size,
-            max_position_embeddings=cfg.max_len,
-            d_model=cfg.d_model,
-            encoder_layers=cfg.n_layers,
-            decoder_layers=cfg.n_layers,
-            encoder_attention_heads=cfg.n_heads,
-            decoder_attention_heads=cfg.n_heads,
-            encoder_ffn_dim=cfg.d_ff,
-            decoder_ffn_dim=cfg.d_ff,
-            activation_function="relu",
-            dropout=0.0,
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            scale_embedding=True,
-            pad_token_id=cfg.pad_id,
-            bos_token_id=cfg.bos_id,
-            eos_token_id=cfg.eos_id,
-            decoder_start_token_id=cfg.bos_id,
-            attn_implementation="sdpa",
-        )
-    )
-    return {
-        "attnkit": ours,
-        **variants,
-        "attnkit logits": attnkit(),
-        "torch.nn.Transformer": reference,
-        "HF BART": bart.train(),
-    }
-
-
-def mt_batch() -> dict[str, Tensor]:
-    """Sources and targets with lengths uniform in [MT_MIN_LEN, MT_LEN], right-padded with 0."""
-    cfg = ak.ModelConfig.preset("mt-small")
-    g = torch.Generator().manual_seed(SEED)
-
-    def padded() -> Tensor:
-        ids = torch.randint(3, cfg.vocab_size, (MT_BATCH, MT_LEN), generator=g)
-        lengths = torch.randint(MT_MIN_LEN, MT_LEN + 1, (MT_BATCH, 1), generator=g)
-        return ids.masked_fill(torch.arange(MT_LEN) >= lengths, cfg.pad_id)
-
-    src, tgt = padded(), padded()
-    tgt_in = ak.shift_right(tgt, cfg.bos_id)  # teacher forcing: [BOS, y_1 .. y_{T-1}]
-    tgt_in_real = torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool), tgt[:, :-1] != 0], 1)
-    return {"src": src, "src_real": src != 0, "tgt_in": tgt_in, "tgt_in_real": tgt_in_real,
-            "targets": tgt}  # fmt: skip
-
-
-def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
-    """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
-    plain = models["attnkit logits"]
-    ref, bart = models["torch.nn.Transformer"], models["HF BART"]
-    args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
-
-    def bart_logits() -> Tensor:
-        return bart(
-            input_ids=b["src"],
-            attention_mask=b["src_real"].long(),
-            decoder_input_ids=b["tgt_in"],
-            decoder_attention_mask=b["tgt_in_real"].long(),
-        ).logits
-
-    def ours(variant: str) -> Callable[[], Tensor]:
-        model = accel.apply(models[variant], unpadded=variant != PADDED)
-        return with_levers(
-            lambda: model.loss(*args[:2], b["targets"], *args[2:], ignore_index=0),
-            model,
-            "attnkit" if variant == PADDED else variant,
-        )
-
-    return {
-        **{variant: ours(variant) for variant in (*VARIANTS, PADDED)},
-        "attnkit logits": with_levers(logits_loss(lambda: plain(*args), b["targets"], 0), plain),
-        "torch.nn.Transformer": logits_loss(lambda: ref(*args), b["targets"], 0),
-        "HF BART": logits_loss(bart_logits, b["targets"], 0),
-    }
-
-
 def mt_candidates(adamw: str) -> list[Candidate]:
     b = mt_batch()
     real = float((b["targets"] != 0).sum())  # target tokens that count (padding does not)
@@ -508,23 +198,11 @@ def mt_candidates(adamw: str) -> list[Candidate]:
     return out
 
 
-def mt_padding() -> float:
-    b = mt_batch()
-    real = (b["src_real"].float().mean() + (b["targets"] != 0).float().mean()) / 2
-    return 1.0 - float(real)
-
-
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
 
 
-# where accel.bf16_products_fast() is False (an AVX2-only CPU such as Zen 3): a round of the
-# bf16 candidates, the 4096 x 4096 bf16 product among them, would take most of the run
-SLOW_BF16 = (
-    "torch has no fast bf16 products on this CPU (accel.bf16_products_fast() is False): they "
-    "fall back to a scalar loop, about 100x slower than float32 at 512 x 512"
-)
 BF16_SKIPPED = f"lm-small bf16: skipped, {SLOW_BF16}"
 
 
@@ -669,38 +347,6 @@ def spreads(results: dict) -> dict[str, list[float]]:
     return out
 
 
-def cpu_description() -> str:
-    """The processor as lscpu names it: model name, family and model (from /proc/cpuinfo), so
-    figures from different CPUs are never read as if they were comparable."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields:
-        name += f", family {fields['cpu family']}, model {fields.get('model', '?')}"
-    return f"{name}, {os.cpu_count()} CPU(s)"
-
-
-def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
-    """Bytes read and written per second by a float32 tensor copy of each size (torch's threads;
-    the median of several copies): how fast this machine moves data inside its caches and
-    beyond them. Machines that report the same processor (cloud machines) can differ here, and
-    much of a step's work outside its products reads and writes memory (bench/README.md)."""
-    rates = {}
-    for mib in sizes_mib:
-        src = torch.ones(mib << 18)  # mib MiB of float32
-        dst = torch.empty_like(src)
-        times = []
-        for _ in range(max(6, 256 // mib)):
-            start = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - start)
-        rates[f"{mib} MiB"] = 2 * src.nbytes / statistics.median(times[1:])
-    return rates
-
-
 def print_report(results: dict) -> None:
     print(f"\nCPU: {results.get('cpu', 'not recorded')}")
     if rates := results.get("memory"):
@@ -771,7 +417,7 @@ def verdict(value: float, spread: list[float] | None, target: float) -> str:
     """``"met"`` when the ratio of the medians reaches ``target`` and so does the median of the
     per-round ratios (``spread``'s middle value, where there is one): on a shared machine the
     two can differ by 0.1 or more in one run, and a target met by one of them only is not met
-    (bench/README.md has runs of both kinds)."""
+    (bench/history/ has runs of both kinds)."""
     met = value >= target and (spread is None or spread[1] >= target)
     return "met" if met else "NOT met"
 
@@ -784,7 +430,7 @@ def main() -> None:
         type=int,
         default=15,
         help="timed steps per candidate (rounds): one round strays 3-5%% on a shared machine, "
-        "and more rounds narrow a ratio's spread (bench/README.md)",
+        "and more rounds narrow a ratio's spread (bench/history/)",
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
@@ -806,10 +452,9 @@ def main() -> None:
     results["memory"] = memory_rates()
     results["onednn"] = accel.onednn_choice()
     results["keep_memory"] = args.keep_memory
+    results["targets"] = {name: TARGETS[name] for name in results["ratios"] if name in TARGETS}
     print_report(results)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {args.json}")
+    print(f"\nwrote {save_results('training', results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "bench_training", Path(__file__).parents[1] / "bench" / "training.py"
-)
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # as `python bench/training.py` runs: its helpers beside it
+SPEC = importlib.util.spec_from_file_location("bench_training", BENCH / "training.py")
 training = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = training  # dataclasses look their module up there
 with warnings.catch_warnings():  # x-transformers, imported there, calls torch.jit.script
@@ -81,7 +81,7 @@ def test_the_bf16_spread_divides_gains_of_the_same_round():
 
 
 def test_a_target_is_met_only_by_both_the_value_and_the_rounds(capsys):
-    # a run of this machine (bench/README.md): the ratio of the medians 1.07, the rounds' median
+    # a run of this machine (bench/history/): the ratio of the medians 1.07, the rounds' median
     # 0.78, against 0.8
     assert training.verdict(1.07, [0.70, 0.78, 0.82], 0.8) == "NOT met"
     assert training.verdict(1.28, [1.25, 1.31, 1.35], 1.3) == "NOT met"
