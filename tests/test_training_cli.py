@@ -163,7 +163,7 @@ def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_
     # evaluate, tune-length-penalty, translate, classify and generate move their model with
     # --device (bench/gpu.py runs them on a GPU); torch.cuda and Module.to are stood in for
     from attnkit.accel.quantize import quantize
-    from attnkit.cli._common import UsageError, _load_model, _to_device
+    from attnkit.cli.common import UsageError, load_model, to_device
 
     gpus = {"n": 0}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["n"] > 0)
@@ -174,24 +174,24 @@ def test_the_commands_device_is_a_gpu_where_torch_sees_one_and_quantized_models_
     for m in (model, packed):
         m.to = lambda device, m=m: moved.append((m, device)) or m
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert _to_device(model, "auto", "M") == cpu and _to_device(model, "cpu", "M") == cpu
+    assert to_device(model, "auto", "M") == cpu and to_device(model, "cpu", "M") == cpu
     with pytest.raises(UsageError, match=re.escape("--device='cuda': torch sees no GPU here")):
-        _to_device(model, "cuda", "M")
+        to_device(model, "cuda", "M")
     for device in ("gpu", "cuda:x", "CPU"):  # refused by the parser, before a model is loaded
         assert main(["evaluate", "no-such-dir", "--device", device]) == 2
         message = f"argument --device: expected auto, cpu, cuda or cuda:N, got '{device}'"
         assert message in capsys.readouterr().err
     gpus["n"] = 1
     moved.clear()
-    assert _to_device(model, "auto", "M") == cuda and moved == [(model, cuda)]
-    assert _to_device(packed, "auto", "Q") == cpu  # its packed layers run in C on the CPU
+    assert to_device(model, "auto", "M") == cuda and moved == [(model, cuda)]
+    assert to_device(packed, "auto", "Q") == cpu  # its packed layers run in C on the CPU
     with pytest.raises(UsageError, match="Q has quantized layers, which run on the CPU only"):
-        _to_device(packed, "cuda", "Q")
+        to_device(packed, "cuda", "Q")
     assert all(device.type == "cpu" for m, device in moved if m is packed)
     packed.save_pretrained(tmp_path / "q")  # generate --dequantize: float32, so a GPU takes it
-    floats = _load_model(str(tmp_path / "q"), "MODEL", dequantize=True)
+    floats = load_model(str(tmp_path / "q"), "MODEL", dequantize=True)
     floats.to = lambda device: moved.append((floats, device)) or floats
-    assert _to_device(floats, "cuda", "Q") == cuda and moved[-1] == (floats, cuda)
+    assert to_device(floats, "cuda", "Q") == cuda and moved[-1] == (floats, cuda)
     for command in (
         "evaluate",
         "tune-length-penalty",

@@ -139,7 +139,7 @@ def test_stop_and_resume_gives_the_same_parameters_bit_for_bit(tmp_path):
 
 def test_a_run_on_a_gpu_keeps_the_gpu_generator_too(tmp_path, monkeypatch):
     """Dropout on a GPU draws from the GPU's own generator, so a checkpoint of a run that used
-    CUDA keeps its state and a resume puts it back (bench/README.md: on an H200 a resumed run
+    CUDA keeps its state and a resume puts it back (bench/history/: on an H200 a resumed run
     with dropout followed the straight one only so). No GPU here: torch.cuda's four calls
     are stood in for, with a generator state of 16 bytes."""
     gpu = {"state": torch.arange(16, dtype=torch.uint8)}

@@ -1,4 +1,7 @@
-"""The ``attnkit`` command: one module per command, the parser in ``parser.py``.
+"""The ``attnkit`` command: one module per command, each with ``register(subparsers)`` (its
+arguments) and ``run(args)``; ``parser.py`` registers them all from one list. Shared helpers
+live in ``common.py`` (loading, devices), ``tasks.py`` (the task commands) and ``serving.py``
+(serve and chat).
 
 Usage errors (a bad option, a malformed value) print one line naming the option and exit with
 status 2; other failures print one line and exit with status 1. Set ``ATTNKIT_DEBUG=1`` to see
@@ -12,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from attnkit.cli._common import UsageError
+from attnkit.cli.common import UsageError
 from attnkit.cli.parser import build_parser
 
 __all__ = ["UsageError", "build_parser", "main"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.cli._common import UsageError
+from attnkit.cli.common import UsageError
 from attnkit.masks import causal_mask
 from attnkit.tables import format_table
 
@@ -212,7 +212,27 @@ def run_demo(
     return report
 
 
-def _cmd_demo(args: argparse.Namespace) -> None:
+def register(commands) -> None:
+    """``attnkit demo``: the tour in a minute or two."""
+    demo = commands.add_parser(
+        "demo",
+        help="a tour of a minute or two: softmax numbers, where 'it' looks, a Shakespeare LM",
+        description=(
+            "The tour in a minute or two: (1) the notes' softmax example with every number; "
+            "(2) the shipped all-MiniLM-L6-v2 reads 'The animal didn't cross the street because "
+            "it was too tired.' and shows where 'it' attends, layer by layer; (3) a tiny "
+            "GPT-style model learns Shakespeare for about a minute and writes a sample; (4) an "
+            "offline HTML report linking every picture."
+        ),
+    )
+    demo.add_argument("--out", default="runs/demo", help="where to write (default runs/demo)")
+    demo.add_argument(
+        "--train-seconds", type=float, default=60.0, help="about how long step 3 trains"
+    )
+    demo.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
     if not args.train_seconds > 0:
         raise UsageError(f"--train-seconds: must be > 0, got {args.train_seconds}")
     try:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from attnkit.cli._common import UsageError, _tokenize_for
+from attnkit.cli.common import UsageError, tokenize_for
 from attnkit.models import DecoderLM, EncoderModel
 
 # --------------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def _explain_text(args: argparse.Namespace) -> None:
     if args.dims < 1:
         raise UsageError(f"--dims: must be a positive integer, got {args.dims}")
     family = DecoderLM if args.causal is not None else EncoderModel
-    model, [(ids, tokens)] = _tokenize_for(args.model, [args.topic], args.preset, args.seed, family)
+    model, [(ids, tokens)] = tokenize_for(args.model, [args.topic], args.preset, args.seed, family)
     if not ids:
         raise UsageError("explain: the text gives no tokens")
     query = None
@@ -112,7 +112,81 @@ def _explain_text(args: argparse.Namespace) -> None:
     print(format_trace(trace, dims=args.dims, query=query))
 
 
-def _cmd_explain(args: argparse.Namespace) -> None:
+def register(commands) -> None:
+    """``attnkit explain``: the numbers inside attention."""
+    explain = commands.add_parser(
+        "explain",
+        help="show the numbers inside attention: a softmax table, a causal mask",
+        description=(
+            "Show the numbers inside attention. With a TEXT, trace one head of a model over "
+            "it: Q, K, V, the scores, their scaling by sqrt(d_k), the mask, the softmax weights "
+            "and the output (a small untrained model unless --model is given). --scores prints "
+            "the softmax of one row of attention scores (score, exp, weight; the weights sum to "
+            "1). --causal N prints the look-ahead mask of size N as it is added to the scores. "
+            "'attnkit explain scaling' measures why the scores are divided by sqrt(d_k): "
+            "Var[q.k] = d_k for unit-variance q and k, and what the softmax does with and "
+            "without the scaling. 'attnkit explain complexity' times attention (math, fused, "
+            "window, linear) as N grows and fits the exponent of N."
+        ),
+        epilog=(
+            "examples:\n"
+            '  attnkit explain "今天 下雨 我 没 带 伞" --query 没\n'
+            '  attnkit explain "我 用 毒 毒 毒 蛇" --causal --head 1\n'
+            "  attnkit explain --scores 0.1,0.3,0.2,0.5,0.1,1.2 --tokens 今天,下雨,我,没,带,伞\n"
+            "  attnkit explain --scores 2,8,4 --d-k 16\n"
+            "  attnkit explain --causal 4\n"
+            "  attnkit explain scaling --png runs/scaling.png\n"
+            "  attnkit explain complexity --budget 20 --png runs/complexity.png"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument(
+        "topic",
+        nargs="?",
+        metavar="TEXT_OR_TOPIC",
+        help="a sentence to trace through one attention head, or a topic: scaling, complexity",
+    )
+    explain.add_argument("--model", metavar="PATH", help="with TEXT: a model directory to trace")
+    explain.add_argument(
+        "--preset", default="tiny", help="with TEXT and no --model: an untrained preset (tiny)"
+    )
+    explain.add_argument("--layer", type=int, default=0, help="with TEXT: the layer (default 0)")
+    explain.add_argument("--head", type=int, default=0, help="with TEXT: the head (default 0)")
+    explain.add_argument(
+        "--query",
+        metavar="TOKEN",
+        help="with TEXT: show what this token mixes (a token, TOKEN#k for its k-th occurrence, "
+        "or an index)",
+    )
+    explain.add_argument("--dims", type=int, default=4, help="with TEXT: dimensions of Q/K/V shown")
+    explain.add_argument("--scores", metavar="S1,S2,...", help="one query's scores over the keys")
+    explain.add_argument("--tokens", metavar="T1,T2,...", help="labels for the keys, one each")
+    explain.add_argument(
+        "--d-k", type=int, metavar="D", help="treat the scores as raw q.k and divide by sqrt(D)"
+    )
+    explain.add_argument(
+        "--causal",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="N",
+        help="print the causal mask of size N; with TEXT, use a causal (decoder) model",
+    )
+    explain.add_argument("--png", metavar="FILE", help="with a topic: also draw the plot here")
+    explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
+    explain.add_argument(
+        "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
+    )
+    explain.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="with 'complexity': torch threads while timing (default 1: steadier when busy)",
+    )
+    explain.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
     # attnkit.explain loads matplotlib (0.8 s): only the commands that use it import it
     from attnkit.explain.softmax import explain_causal, explain_softmax
 

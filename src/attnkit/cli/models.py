@@ -51,5 +51,15 @@ def models_table() -> str:
     return format_table(header, rows) + note
 
 
-def _cmd_models(args: argparse.Namespace) -> None:
+def register(commands) -> None:
+    """``attnkit models``: the presets and their sizes."""
+    models = commands.add_parser(
+        "models",
+        help="list the model presets with their sizes and parameter counts",
+        description="List the named ModelConfig presets: family, sizes and parameter count.",
+    )
+    models.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
     print(models_table())

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from attnkit.cli._common import UsageError, _load_model, _load_tokenizer
+from attnkit.cli.common import UsageError, load_model, load_tokenizer
 
 
-def _add_quantize_command(commands) -> None:
+def register(commands) -> None:
     quantize = commands.add_parser(
         "quantize",
         help="round a model's weights to 8 or 4 bits (weight-only) and save it",
@@ -43,10 +43,10 @@ def _add_quantize_command(commands) -> None:
         metavar="NAME",
         help="modules to keep in float32, e.g. lm_head",
     )
-    quantize.set_defaults(handler=_cmd_quantize)
+    quantize.set_defaults(handler=run)
 
 
-def _cmd_quantize(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from attnkit.accel.packed import PackedLinear
@@ -54,8 +54,8 @@ def _cmd_quantize(args: argparse.Namespace) -> None:
 
     if Path(args.out).exists():
         raise UsageError(f"OUT: {args.out} already exists; choose a new directory")
-    model = _load_model(args.model, "MODEL")
-    tokenizer = _load_tokenizer(args.model, "MODEL")
+    model = load_model(args.model, "MODEL")
+    tokenizer = load_tokenizer(args.model, "MODEL")
     before = _size(model)
     start = time.perf_counter()
     try:

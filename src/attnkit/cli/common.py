@@ -14,14 +14,14 @@ class UsageError(Exception):
     """A problem with what the user typed: reported in one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage dump) and exit status 2."""
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
+def add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     """``--dequantize``, for the commands that run a model without training it."""
     parser.add_argument(
         "--dequantize",
@@ -32,19 +32,19 @@ def _add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_device_option(parser: argparse.ArgumentParser, work: str) -> None:
+def add_device_option(parser: argparse.ArgumentParser, work: str) -> None:
     """``--device``, for the commands that run a model without training it."""
     parser.add_argument(
         "--device",
         default="auto",
-        type=_device_name,
+        type=device_name,
         metavar="DEVICE",
         help=f"where to {work}: auto (a GPU where torch sees one, else the CPU; the default), "
         "cpu, cuda or cuda:N. A model with quantized layers stays on the CPU",
     )
 
 
-def _device_name(text: str) -> str:
+def device_name(text: str) -> str:
     """``--device``'s value, checked before any model is loaded."""
     import re
 
@@ -55,7 +55,7 @@ def _device_name(text: str) -> str:
     return text
 
 
-def _to_device(model, device: str, path: str) -> torch.device:
+def to_device(model, device: str, path: str) -> torch.device:
     """Move ``model`` to ``--device`` and return where it is. Quantized (packed) layers run
     on the CPU: auto keeps such a model there, and a GPU named for it is refused."""
     from attnkit.accel.quantize import packed_layout
@@ -77,14 +77,14 @@ def _to_device(model, device: str, path: str) -> torch.device:
     return chosen
 
 
-def _where(device: torch.device) -> str:
+def device_description(device: torch.device) -> str:
     """A run's device as the commands' headers name it."""
     if device.type == "cuda":
         return f"on {device} ({torch.cuda.get_device_name(device)})"
     return f"{torch.get_num_threads()} CPU thread(s)"
 
 
-def _load_model(path: str, option: str, *, dequantize: bool | None = None):
+def load_model(path: str, option: str, *, dequantize: bool | None = None):
     """from_pretrained, with a missing or unreadable path reported as a usage error."""
     from attnkit.interop import from_pretrained
 
@@ -94,7 +94,7 @@ def _load_model(path: str, option: str, *, dequantize: bool | None = None):
         raise UsageError(f"{option}: {error}") from None
 
 
-def _load_tokenizer(path: str, option: str):
+def load_tokenizer(path: str, option: str):
     """load_tokenizer_for, with an unreadable tokenizer reported as a usage error."""
     from attnkit.interop import load_tokenizer_for
 
@@ -104,12 +104,12 @@ def _load_tokenizer(path: str, option: str):
         raise UsageError(f"{option}: {error}") from None
 
 
-def _tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: int, family):
+def tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: int, family):
     """(model, [(ids, tokens) per text]): a saved model with its tokenizer, or an untrained
     preset of the given family whose vocabulary is the texts' words (or characters)."""
     if model_path:
-        model = _load_model(model_path, "--model")
-        tokenizer = _load_tokenizer(model_path, "--model")
+        model = load_model(model_path, "--model")
+        tokenizer = load_tokenizer(model_path, "--model")
         if tokenizer is None:
             raise UsageError(f"--model: {model_path} has no tokenizer.json")
         out = []

@@ -1,5 +1,4 @@
-"""``attnkit average`` and ``attnkit tune-length-penalty``: the last two steps of the paper's
-recipe for a translator, after training and before the test set."""
+"""``attnkit tune-length-penalty``: beam search's length penalty chosen on validation data."""
 
 from __future__ import annotations
 
@@ -7,28 +6,47 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnkit.cli._common import UsageError, _to_device
+from attnkit.cli.common import UsageError, to_device
+from attnkit.cli.tasks import add_evaluation_options
 
 
-def _cmd_average(args: argparse.Namespace) -> None:
-    from attnkit.training.averaging import average_models, models_to_average
+def register(commands) -> None:
+    """``attnkit tune-length-penalty``: choose beam search's length penalty."""
+    tune = commands.add_parser(
+        "tune-length-penalty",
+        help="choose a translator's beam-search length penalty on its validation split",
+        description=(
+            "Translate the validation split of a translator's data with beam search at each "
+            "candidate length penalty (hypotheses ranked by score / length**A), and record the "
+            "one with the best BLEU in the model directory's decoding.json, which 'attnkit "
+            "translate' and 'attnkit evaluate' then use. Never on the test split."
+        ),
+        epilog="example:\n  attnkit tune-length-penalty runs/de-en/averaged",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_argument("model", metavar="MODEL", help="a translator's model directory")
+    tune.add_argument("--beam", type=int, default=4, metavar="N", help="beams (default 4)")
+    tune.add_argument(
+        "--candidates",
+        type=float,
+        nargs="+",
+        default=[0.6, 0.8, 1.0, 1.2, 1.5],
+        metavar="A",
+        help="length penalties to try (default 0.6 0.8 1 1.2 1.5)",
+    )
+    tune.add_argument("--batch-size", type=int, default=64, metavar="B")
+    add_evaluation_options(tune)
+    tune.add_argument(
+        "--recipe", metavar="FILE", help="the data, as a recipe (default: the model's)"
+    )
+    tune.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --recipe"
+    )
+    tune.set_defaults(handler=run)
 
-    if args.last is not None and args.last < 1:
-        raise UsageError(f"--last: must be a positive integer, got {args.last}")
-    try:
-        models = models_to_average(args.models, args.last)
-        out = average_models(models, args.out)
-    except (FileNotFoundError, ValueError) as error:  # the models named
-        raise UsageError(f"MODEL: {error}") from None
-    except OSError as error:  # writing the output
-        raise UsageError(f"--out: cannot write {args.out}: {error}") from None
-    print(f"averaged {len(models)} models into {out}:")
-    for model in models:
-        print(f"  {model}")
 
-
-def _cmd_tune_length_penalty(args: argparse.Namespace) -> None:
-    from attnkit.cli.evaluate import _model_and_recipe
+def run(args: argparse.Namespace) -> None:
+    from attnkit.cli.tasks import model_and_recipe
     from attnkit.data import CorpusNotFoundError
     from attnkit.training.config import precision_context
     from attnkit.training.recipes import build_task
@@ -43,14 +61,14 @@ def _cmd_tune_length_penalty(args: argparse.Namespace) -> None:
         raise UsageError(f"--candidates: each must be >= 0, got {args.candidates}")
     if not path.is_dir():
         raise UsageError(f"MODEL: {path} is not a directory")
-    model, tokenizer, recipe, _ = _model_and_recipe(path, args.recipe, args.set)
+    model, tokenizer, recipe, _ = model_and_recipe(path, args.recipe, args.set)
     if recipe.task != "translation" or getattr(model, "family", None) != "encoder-decoder":
         raise UsageError(f"MODEL: {path} is not a translator (task {recipe.task!r})")
     try:
         task, _ = build_task(recipe, tokenizer)
     except CorpusNotFoundError as error:
         raise UsageError(f"data.corpus={recipe.data.corpus!r}: {error}") from None
-    device = _to_device(model, args.device, str(path))
+    device = to_device(model, args.device, str(path))
 
     def progress(penalty: float, scores: dict[str, float]) -> None:
         print(
