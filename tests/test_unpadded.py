@@ -4,7 +4,6 @@ over lengths, holes, heads and widths), and every family's loss and gradients wi
 unpadded against the same model padded, on the packed kernel and on the scatter path."""
 
 import copy
-import shutil
 
 import pytest
 import torch
@@ -223,37 +222,58 @@ def test_what_keeps_the_padded_forward():
             assert torch.equal(a, w)
 
 
+def bf16_step(model, cfg, tiles: bool):
+    """Two seq2seq batches under bf16 autocast, one padded and one without padding: (their two
+    losses, {name: the gradient of their sum})."""
+    model.zero_grad()
+    ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
+        with accel.attention_tiles(tiles):
+            losses = torch.stack([
+                loss_of(model, "seq2seq", cfg).float(),
+                model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids).float(),
+            ])  # fmt: skip
+    losses.sum().backward()
+    return losses.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def worst_gradient(got: dict, want: dict) -> float:
+    """The largest relative error of one gradient tensor, ||got - want|| / ||want||."""
+    return max(
+        float((got[n] - want[n]).norm() / want[n].norm()) for n in want if want[n].norm() > 0
+    )
+
+
 @pytest.mark.parametrize("tiles", [True, False])
 def test_bfloat16_autocast_steps_match(tiles, monkeypatch):
     """bfloat16 autocast: packed attention in float32 arithmetic, or the padded heads on AMX
     tiles where the processor has them (the layers' input is float32 under autocast, the
-    rows attention gets are bf16: the choice follows the rows); against the padded model to
-    bf16 rounding, with and without padding."""
+    rows attention gets are bf16: the choice follows the rows). Against the padded model: the
+    loss to 1e-3 and every gradient tensor to 2% of its norm (measured: 0.5% at most, none
+    with the tiles). A model drawn from another seed misses both by far (its loss 0.7% away,
+    a gradient 158% away): the tolerances can fail."""
     cfg = ak.ModelConfig.preset("tiny", norm="post")
     padded = build("seq2seq", cfg).train()
     unpadded = accel.unpad_stacks(copy.deepcopy(padded))
+    torch.manual_seed(1)
+    other = accel.unpad_stacks(ak.Transformer(cfg).train())
     packed_calls = []
     original = UnpaddedAttention._packed
     monkeypatch.setattr(
         UnpaddedAttention, "_packed", lambda *a: packed_calls.append(1) or original(*a)
     )
-    ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(2))
-    for model in (padded, unpadded):
-        with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
-            with accel.attention_tiles(tiles):
-                losses = [loss_of(model, "seq2seq", cfg).float()]
-                losses.append(model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids).float())
-        if model is padded:
-            want = losses
-    for got, expected in zip(losses, want, strict=True):
-        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    want_loss, want = bf16_step(padded, cfg, tiles)
+    assert not packed_calls  # the padded model never packs
+    loss, got = bf16_step(unpadded, cfg, tiles)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-3, atol=0)
+    assert worst_gradient(got, want) <= 2e-2
     assert bool(packed_calls) == (not (tiles and accel.tiles_available()))
+    other_loss, other_grads = bf16_step(other, cfg, tiles)
+    assert float((other_loss / want_loss - 1).abs().max()) > 1e-3
+    assert worst_gradient(other_grads, want) > 0.5
 
 
-@pytest.mark.skipif(
-    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
-    reason="torch.compile on a CPU needs a C++ compiler",
-)
+@pytest.mark.needs("g++")  # torch.compile on a CPU
 def test_compiled_layers_attend_over_the_real_rows_and_compile_once(monkeypatch):
     """Inside ``compiled_layers`` the stacks still skip the padding: the layers take the real
     rows, attention over them runs eagerly between the compiled parts (on the packed kernel),
