@@ -64,7 +64,6 @@ def child(name: str) -> None:
         with (
             autocast,
             accel.onednn_products(),
-            accel.fast_attention(),
             accel.compiled_layers(model),
         ):
             value = loss()

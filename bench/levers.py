@@ -9,7 +9,7 @@ Training variants (batch 8 x 256 tokens, float32 unless the name says bf16):
 - ``+ oneDNN linear``: attnkit's ``Linear`` sends float32 products to oneDNN;
 - ``+ fused LM-head loss``: ``DecoderLM.loss`` (``linear_cross_entropy``, no logits tensor);
 - ``+ fused AdamW`` / ``foreach AdamW``: the optimizer's single-kernel / multi-tensor forms;
-- ``+ C attention``: ``accel.fast_attention`` (attention's forward and backward by attnkit's
+- ``+ C attention``: ``accel.use_attention_kernel`` (attention's forward and backward by attnkit's
   kernel instead of torch's flash attention); the rows after it keep it;
 - ``bf16 autocast`` (with everything above, and without the C attention; and with logits + CE);
 - ``torch.compile`` (``--compile``; minutes of compiling on 2 cores, so off by default).
@@ -48,7 +48,8 @@ def variant(
     torch.manual_seed(SEED)
     model = ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train()
     if fused_loss:
-        accel.fuse_lm_loss(model)
+        model = accel.fuse_lm_loss(model)
+    accel.use_attention_kernel(model, attention)
     optimizer = make_optimizer(model, adamw)
 
     def loss_of():
@@ -63,8 +64,6 @@ def variant(
         with contextlib.ExitStack() as stack:
             if onednn:
                 stack.enter_context(accel.onednn_products())
-            if attention:
-                stack.enter_context(accel.fast_attention())
             if precision == "bf16":
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             loss = loss_of()

@@ -134,7 +134,6 @@ def training_profile(
         with (
             autocast,
             accel.onednn_products(),
-            accel.fast_attention(),
             accel.compiled_layers(model, compiled),
         ):
             if loss_kind == "fused":

@@ -1,6 +1,6 @@
 """The two C kernels of a training step against the torch operators they replace, alone.
 
-- attention, forward and backward (``accel.fast_attention``, ``attention.c``) against torch's
+- attention, forward and backward (``accel.attention.attention``, ``attention.c``) against torch's
   CPU flash attention (``F.scaled_dot_product_attention``), at lm-small's shape (batch 8, 8
   heads, 256 positions, d 32, causal) and mt-small's (batch 32, 8 heads, 64 positions, d 32, a
   key-padding mask), with the heads laid out as the layers make them;
@@ -23,13 +23,12 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from attnkit.accel import (
+    attention,
     attention_kernel,
     attention_tiles,
     bf16_products_fast,
-    fast_attention,
     linear_cross_entropy,
     loss_kernels,
     tiles_available,
@@ -52,8 +51,7 @@ def attention_case(b, h, n, d, dtype, padded):
 
     def run() -> None:
         q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in x.split(h * d, -1))
-        with fast_attention():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not padded)
+        out = attention(q, k, v, attn_mask=mask, is_causal=not padded)
         out.transpose(1, 2).reshape(b, n, h * d).backward(grad)
         x.grad = None
 

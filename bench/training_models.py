@@ -142,7 +142,7 @@ def with_levers(
     loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
 ) -> Callable[[], Tensor]:
     """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (``attnkit.accel.onednn_products``, ``accel.fast_attention``, and
+    (``attnkit.accel.onednn_products``, and
     ``accel.compiled_layers`` for ``train.compile``) as ``variant`` (a key of VARIANTS) says;
     the references run as they are."""
     compiled, onednn = VARIANTS[variant]
@@ -151,7 +151,6 @@ def with_levers(
         with (
             onednn_switch(onednn),
             accel.onednn_products(),
-            accel.fast_attention(),
             accel.compiled_layers(model, compiled),
         ):
             return loss_of()
@@ -163,7 +162,7 @@ def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> 
     """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
     and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
     its logits and ``F.cross_entropy``, as the references run."""
-    plain = models["attnkit logits"]
+    plain = accel.use_attention_kernel(models["attnkit logits"])  # as apply() does for ours
     gpt2, xt = models["HF GPT-2"], models["x-transformers"]
 
     def ours(variant: str) -> Callable[[], Tensor]:
@@ -290,7 +289,7 @@ def mt_batch() -> dict[str, Tensor]:
 
 def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
     """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
-    plain = models["attnkit logits"]
+    plain = accel.use_attention_kernel(models["attnkit logits"])  # as apply() does for ours
     ref, bart = models["torch.nn.Transformer"], models["HF BART"]
     args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
 

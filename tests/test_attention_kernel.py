@@ -5,7 +5,6 @@ layers), the cases it leaves to torch, and the AVX2 and plain C builds."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +17,6 @@ from attnkit.accel.attention import (
     attention,
     attention_kernel,
     attention_tiles,
-    fast_attention,
     packed_self_attention,
     tiles_available,
 )
@@ -193,11 +191,7 @@ def test_training_steps_equal_with_and_without_the_kernel(family, compiled):
 
     def step(kernel: bool):
         model.zero_grad()
-        with (
-            attention_kernel(kernel),
-            fast_attention(),
-            accel.compiled_layers(model, compiled and kernel),
-        ):
+        with attention_kernel(kernel), accel.compiled_layers(model, compiled and kernel):
             if family == "decoder":
                 loss = model.loss(ids[:, :-1], ids[:, 1:])
             else:
@@ -217,41 +211,54 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
     real = kernel_module._Attention.apply
     monkeypatch.setattr(kernel_module._Attention, "apply", lambda *a: calls.append(1) or real(*a))
     q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
-    with fast_attention():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        assert len(calls) == 1
-        F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # dropout: torch
-        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool))
-        F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True)
-        with torch.no_grad():  # inference: torch
-            F.scaled_dot_product_attention(q, k, v)
-        with attention_kernel(False):
-            F.scaled_dot_product_attention(q, k, v)
-        assert len(calls) == 1
-        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
-        assert len(calls) == 2
-        keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)
-        keys = keys[:, None, None]
-        F.scaled_dot_product_attention(q, k, v, attn_mask=keys & ak.causal_mask(6))  # torch
-        assert len(calls) == 2
-        # a decoder's self-attention: the fused path hands the padding and the causal flag over
-        # unmerged, inside the block only
-        assert backends.sdpa_with_causal_mask is attention
-        backends.attend(q, k, v, mask=keys, is_causal=True)
-        assert len(calls) == 3
-    assert backends.sdpa_with_causal_mask is None
-    backends.attend(q, k, v, mask=keys, is_causal=True)
+    attention(q, k, v, is_causal=True)
+    assert len(calls) == 1
+    attention(q, k, v, dropout_p=0.1)  # dropout: torch
+    attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool))
+    attention(q, k[:, :2], v[:, :2], enable_gqa=True)
+    with torch.no_grad():  # inference: torch
+        attention(q, k, v)
+    with attention_kernel(False):
+        attention(q, k, v)
+    assert len(calls) == 1
+    attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
+    assert len(calls) == 2
+    keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    keys = keys[:, None, None]
+    attention(q, k, v, attn_mask=keys & ak.causal_mask(6))  # torch
+    assert len(calls) == 2
+    # a decoder's self-attention through the registry: the fused path hands the padding and the
+    # causal flag over unmerged to the kernel the layer chose, and torch's SDPA gets them merged
+    assert backends.FUSED[accel.FUSED_NAME] is attention
+    out = backends.attend(q, k, v, mask=keys, is_causal=True, fused=accel.FUSED_NAME)[0]
     assert len(calls) == 3
+    want = backends.attend(q, k, v, mask=keys, is_causal=True)[0]
+    assert len(calls) == 3
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_direct_causal_call_with_fewer_queries_keeps_torchs_alignment():
-    """torch's is_causal aligns top-left; attnkit's (and the kernel's) bottom-right. Inside the
-    mode a direct call keeps torch's meaning."""
+def test_layers_choose_the_kernel_by_name():
+    """``use_attention_kernel`` (which ``accel.prepare`` calls) sets each layer's
+    ``attn_implementation``; the same model gives the same loss either way."""
+    model = ak.DecoderLM(ak.ModelConfig.preset("tiny"))
+    layers = [m for m in model.modules() if isinstance(m, ak.MultiHeadAttention)]
+    assert {m.attn_implementation for m in layers} == {"sdpa"}
+    ids = torch.randint(3, 100, (2, 9))
+    want = model.loss(ids[:, :-1], ids[:, 1:])
+    assert accel.use_attention_kernel(model) is model
+    assert {m.attn_implementation for m in layers} == {accel.FUSED_NAME}
+    torch.testing.assert_close(model.loss(ids[:, :-1], ids[:, 1:]), want, rtol=1e-5, atol=1e-6)
+    accel.use_attention_kernel(model, False)
+    assert {m.attn_implementation for m in layers} == {"sdpa"}
+    assert backends.fused_names() == ("sdpa", accel.FUSED_NAME)
+    with pytest.raises(ValueError, match="register_fused: name must be a new non-empty name"):
+        backends.register_fused("sdpa", attention)
+
+
+def test_a_causal_call_with_fewer_queries_aligns_bottom_right():
+    """torch's is_causal aligns top-left; attnkit's (and the kernel's) bottom-right, the
+    KV-cache case."""
     q, k, v = torch.randn(1, 2, 3, 8, requires_grad=True), *torch.randn(2, 1, 2, 5, 8)
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with fast_attention():
-        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    torch.testing.assert_close(got, want)
     bottom_right = attention(q, k, v, is_causal=True)
     torch.testing.assert_close(bottom_right, reference(q, k, v, None, True), rtol=1e-5, atol=1e-5)
     keys = torch.tensor([True, False, True, True, True])[None, None, None]

@@ -17,7 +17,6 @@ from attnkit import accel
 from attnkit.accel.attention import (
     Sequences,
     attention_kernel,
-    fast_attention,
     packed_attention,
     packed_self_attention,
     takes_packed,
@@ -140,7 +139,8 @@ def build(family, cfg):
 
 def grads_of(model, family, cfg, kernel=True):
     model.zero_grad()
-    with attention_kernel(kernel), fast_attention():
+    accel.use_attention_kernel(model)  # as accel.prepare does for training
+    with attention_kernel(kernel):
         loss = loss_of(model, family, cfg)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -226,8 +226,9 @@ def bf16_step(model, cfg, tiles: bool):
     """Two seq2seq batches under bf16 autocast, one padded and one without padding: (their two
     losses, {name: the gradient of their sum})."""
     model.zero_grad()
+    accel.use_attention_kernel(model)
     ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(2))
-    with torch.autocast("cpu", dtype=torch.bfloat16), fast_attention():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         with accel.attention_tiles(tiles):
             losses = torch.stack([
                 loss_of(model, "seq2seq", cfg).float(),
@@ -291,7 +292,7 @@ def test_compiled_layers_attend_over_the_real_rows_and_compile_once(monkeypatch)
 
     def compiled_step(ids, real):
         model.zero_grad()
-        with fast_attention(), accel.compiled_layers(model):
+        with accel.compiled_layers(model):
             loss = torch.nn.functional.cross_entropy(
                 model(ids, attention_mask=real), torch.tensor([0, 1, 0])
             )
@@ -345,13 +346,13 @@ def test_a_batch_without_padding_attends_as_packed_rows(family, norm, monkeypatc
     monkeypatch.setattr(UnpaddedAttention, "_packed", spy)
     results, cats = [], []
     for model in (plain, packed):
-        with fast_attention():
-            if family == "seq2seq":
-                loss = model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids)
-            elif family == "decoder":
-                loss = model.loss(ids[:, :-1], ids[:, 1:])
-            else:
-                loss = model(ids).logsumexp(-1).sum()
+        accel.use_attention_kernel(model)
+        if family == "seq2seq":
+            loss = model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids)
+        elif family == "decoder":
+            loss = model.loss(ids[:, :-1], ids[:, 1:])
+        else:
+            loss = model(ids).logsumexp(-1).sum()
         with _CountCats() as counter:
             loss.backward()
         cats.append(counter.cats)

@@ -105,6 +105,8 @@ class MultiHeadAttention(nn.Module):
     - ``attention``: the backend, ``"full"``, ``"window"`` (with ``window``) or ``"linear"``.
     - A cache (``caches.KVCache``, ``caches.RollingKVCache``, ``backends.LinearAttentionState``)
       keeps earlier keys and values for incremental decoding.
+    - ``attn_implementation``: the fused path's kernel by name, torch's ``"sdpa"`` or one
+      registered in ``backends.FUSED`` (``accel.prepare`` sets ``"attnkit"`` for training).
 
     ``mask`` follows attnkit's convention, True = may attend, broadcastable to (B, H, N, M).
     (``torch.nn.MultiheadAttention``'s ``key_padding_mask`` means the opposite: convert with
@@ -133,6 +135,9 @@ class MultiHeadAttention(nn.Module):
         self.attention, self.window = attention, window
         backend = BACKENDS[attention]
         self.backend = partial(backend, window=window) if attention == "window" else backend
+        # the fused path's kernel, by name (backends.fused_names()): torch's "sdpa" unless a
+        # speed lever chooses another for this layer (accel.prepare: "attnkit", its C kernel)
+        self.attn_implementation = "sdpa"
         self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -214,6 +219,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights,
             alibi=None if cross else self.alibi,
             positions=positions,
+            fused=self.attn_implementation,
         )  # (B, H, N, d_head)
 
     def project(self, x: Tensor, context: Tensor | None = None):

@@ -33,6 +33,7 @@ path; :func:`linear_attention_weights`), which ``return_weights`` uses.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,12 +45,15 @@ from attnkit.position import ALiBi
 
 __all__ = [
     "BACKENDS",
+    "FUSED",
     "LinearAttentionState",
     "attend",
     "feature_map",
     "full_attention",
+    "fused_names",
     "linear_attention",
     "linear_attention_weights",
+    "register_fused",
     "sliding_window_attention",
     "window_attention",
 ]
@@ -59,25 +63,41 @@ __all__ = [
 # Full attention: the math path and the fused path side by side
 # --------------------------------------------------------------------------------------------
 
-# A kernel with F.scaled_dot_product_attention's arguments that also takes a mask together with
-# is_causal (torch's takes one or the other, so the fused path merges them into one N x M mask).
-# ``attnkit.accel.fast_attention`` sets it inside its block; None otherwise.
-sdpa_with_causal_mask = None
+# The fused path's kernels by name, as Hugging Face's attention registry keeps them: "sdpa" is
+# torch's F.scaled_dot_product_attention (the default); another is registered by whoever
+# provides it (attnkit.accel registers "attnkit", its C kernel) and chosen per attention layer
+# (``MultiHeadAttention.attn_implementation``). Each takes F.scaled_dot_product_attention's
+# arguments and, unlike torch's, a mask together with is_causal (bottom-right aligned), and
+# falls back to torch itself for the inputs it does not take.
+FUSED: dict[str, Callable] = {}
+
+
+def register_fused(name: str, function: Callable) -> None:
+    """Make ``function`` the fused kernel called ``name`` (see ``FUSED``)."""
+    if not isinstance(name, str) or not name or name == "sdpa":
+        raise ValueError(f"register_fused: name must be a new non-empty name, got {name!r}")
+    FUSED[name] = function
+
+
+def fused_names() -> tuple[str, ...]:
+    """Every fused kernel's name, torch's ``"sdpa"`` first."""
+    return ("sdpa", *FUSED)
 
 
 def attend(q, k, v, mask=None, is_causal=False, dropout_p=0.0, return_weights=False, scale=None,
-           implementation="auto"):  # fmt: skip
+           implementation="auto", fused="sdpa"):  # fmt: skip
     """``softmax(q k^T * scale + mask) v`` for checked inputs; (out, weights or None).
 
-    The math path runs when weights are asked for (or ``implementation="math"``), torch's fused
-    kernel otherwise. A query with nothing to attend to gets a zero output, never NaN.
+    The math path runs when weights are asked for (or ``implementation="math"``), the fused
+    kernel ``fused`` otherwise (torch's ``"sdpa"``, or one of ``FUSED``). A query with nothing
+    to attend to gets a zero output, never NaN.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
     if implementation == "math" or (implementation == "auto" and return_weights):
         return _math(q, k, v, mask, is_causal, dropout_p, scale)
-    return _fused(q, k, v, mask, is_causal, dropout_p, scale), None
+    return _fused(q, k, v, mask, is_causal, dropout_p, scale, fused), None
 
 
 def _with_causal(mask: Tensor | None, is_causal: bool, n: int, m: int, like: Tensor):
@@ -133,7 +153,7 @@ def _grouped(t: Tensor, q: Tensor) -> Tensor:
     return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
 
 
-def _fused(q, k, v, mask, is_causal, dropout_p, scale):
+def _fused(q, k, v, mask, is_causal, dropout_p, scale, fused="sdpa"):
     """torch's fused kernel: no N x M score matrix when there is no explicit mask. Fewer K/V
     heads than query heads (grouped-query attention) are read in place (``enable_gqa``), not
     repeated."""
@@ -143,9 +163,9 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale):
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
         )
-    if is_causal and mask is not None and q.device.type == "cpu" and sdpa_with_causal_mask:
-        return sdpa_with_causal_mask(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
+    if fused != "sdpa" and q.device.type == "cpu":  # a registered kernel takes both masks
+        return FUSED[fused](
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
         )
     mask = _with_causal(mask, is_causal, n, m, q)
     out = F.scaled_dot_product_attention(
@@ -161,11 +181,12 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale):
 
 
 def full_attention(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
-                   return_weights=False, alibi: ALiBi | None = None, positions=None):  # fmt: skip
+                   return_weights=False, alibi: ALiBi | None = None, positions=None,
+                   fused="sdpa"):  # fmt: skip
     """Every query against every key: the paper's attention (ALiBi's bias joins the mask)."""
     if alibi is not None:
         mask = combine(alibi.bias(positions, keys.positions).to(q.dtype), mask)
-    return attend(q, keys.k, keys.v, mask, is_causal, dropout_p, return_weights)
+    return attend(q, keys.k, keys.v, mask, is_causal, dropout_p, return_weights, fused=fused)
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +195,8 @@ def full_attention(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
 
 
 def window_attention(q, keys: Keys, *, window: int, mask=None, is_causal=False, dropout_p=0.0,
-                     return_weights=False, alibi: ALiBi | None = None, positions=None):  # fmt: skip
+                     return_weights=False, alibi: ALiBi | None = None, positions=None,
+                     fused="sdpa"):  # fmt: skip
     """Self-attention over a band of ``window`` keys. ``keys.valid`` marks padding (the
     ``mask`` argument, a key padding mask, has already been turned into it)."""
     keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
@@ -183,7 +205,7 @@ def window_attention(q, keys: Keys, *, window: int, mask=None, is_causal=False, 
         slots = keys.valid[:, None, None, :]  # (B, 1, 1, w)
         return full_attention(
             q, keys, mask=slots, dropout_p=dropout_p, return_weights=return_weights,
-            alibi=alibi, positions=positions,
+            alibi=alibi, positions=positions, fused=fused,
         )  # fmt: skip
     if return_weights:  # the reference: the math path under the band mask
         band = window_mask(n, window=window, causal=is_causal, device=q.device)
@@ -269,8 +291,9 @@ def feature_map(x: Tensor) -> Tensor:
 
 
 def linear_backend(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
-                   return_weights=False, alibi=None, positions=None):  # fmt: skip
-    """Linear attention as a backend (no dropout on its implicit weights, no ALiBi)."""
+                   return_weights=False, alibi=None, positions=None, fused="sdpa"):  # fmt: skip
+    """Linear attention as a backend (no dropout on its implicit weights, no ALiBi; ``fused``,
+    the softmax kernel, does not apply)."""
     keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
     if return_weights:
         if keys.past is not None:

@@ -11,8 +11,9 @@ processor: measure before relying on one).
                   ``onednn_linear(False)``, ``ATTNKIT_ONEDNN_LINEAR=0`` or ``=1``);
                   ``bf16_products_fast()``: whether torch has fast bf16 products here
     attention.py  attention's forward and backward for training steps by a C kernel
-                  (attention.c), a torch function mode around a step: ``with
-                  fast_attention():`` (off: ``attention_kernel(False)`` or
+                  (attention.c), registered as the fused kernel "attnkit" of
+                  ``backends.FUSED`` and chosen per layer: ``use_attention_kernel(model)``
+                  (off: ``attention_kernel(False)`` or
                   ``ATTNKIT_ATTENTION_KERNEL=0``); in bfloat16 on AMX tiles where the
                   processor has them (``tiles_available()``; off: ``attention_tiles(False)``
                   or ``ATTNKIT_ATTENTION_TILES=0``)
@@ -51,8 +52,8 @@ processor: measure before relying on one).
 job uses here and returns every lever with its state and why it is off, one line for a run's
 header; ``levers(job)`` answers without a model (``attnkit info``). ``apply(model)`` is its
 model-changing part alone (the fused loss, the unpadded stacks), for benchmarks that compare
-them; the trainer and the benchmarks run their steps inside ``onednn_products()`` and
-``fast_attention()``; the trainer also calls ``keep_freed_memory()``.
+them (and the attention kernel, ``use_attention_kernel``); the trainer and the benchmarks run
+their steps inside ``onednn_products()``; the trainer also calls ``keep_freed_memory()``.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ from __future__ import annotations
 from torch import nn
 
 from attnkit.accel.attention import (
+    FUSED_NAME,
     attention_kernel,
     attention_tiles,
-    fast_attention,
     tiles_available,
+    use_attention_kernel,
 )
 from attnkit.accel.compiled import autotuning, compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
@@ -85,6 +87,7 @@ from attnkit.accel.quantize import quantize
 from attnkit.accel.unpadded import unpad_stacks, unpadding
 
 __all__ = [
+    "FUSED_NAME",
     "FusedLMHead",
     "Lever",
     "PackedDecoder",
@@ -101,7 +104,6 @@ __all__ = [
     "compiled_step",
     "decoding_layout",
     "decoding_layouts",
-    "fast_attention",
     "frozen_weights",
     "fuse_lm_loss",
     "keep_freed_memory",
@@ -121,14 +123,15 @@ __all__ = [
     "tiles_available",
     "unpad_stacks",
     "unpadding",
+    "use_attention_kernel",
 ]
 
 
 def apply(model: nn.Module, *, fused_loss: bool = True, unpadded: bool = True) -> nn.Module:
-    """Turn on the levers that change a model (the fused LM-head loss, the unpadded stacks);
-    returns the model."""
+    """Turn on the levers that change a model (the fused LM-head loss, the unpadded stacks,
+    the attention kernel for its layers' fused path); returns the model."""
     if fused_loss:
-        fuse_lm_loss(model)
+        model = fuse_lm_loss(model)
     if unpadded:
-        unpad_stacks(model)
-    return model
+        model = unpad_stacks(model)
+    return use_attention_kernel(model)

@@ -2,14 +2,13 @@
 
     out = softmax(q k^T * scale + mask) v            (per batch and head)
 
-``with fast_attention():`` is a torch function mode: inside it, every
-``F.scaled_dot_product_attention`` call (the fused path of ``backends.attend``, which every
-attnkit attention layer takes) whose inputs need a gradient goes to the kernel when it can
-take it: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout,
-as many key and value heads as query heads, no mask or a boolean key-padding mask of shape
-(B, 1, 1, M), with or without the causal flag. (A decoder's self-attention has both: inside the
-block, ``backends.sdpa_with_causal_mask`` is :func:`attention`, so the fused path hands them
-over unmerged.) Everything else goes to torch as usual; and inside a graph that
+:func:`attention` is registered as the fused kernel ``"attnkit"`` of ``backends.FUSED``, and
+:func:`use_attention_kernel` (which ``accel.prepare(model, "training")`` calls) makes every
+attention layer of a model choose it. It takes the calls whose inputs need a gradient when it
+can: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout, as
+many key and value heads as query heads, no mask or a boolean key-padding mask of shape
+(B, 1, 1, M), with or without the causal flag (a decoder's self-attention has both, handed over
+unmerged). Everything else goes to torch as usual; and inside a graph that
 ``torch.compile`` builds for training (``accel.compiled_layers``) the kernel is the registered
 operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
 
@@ -29,24 +28,23 @@ the products that take them, as FlashAttention's bf16 kernels do (``attention_ti
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 
 from attnkit import backends
 from attnkit.accel import native
 from attnkit.accel.switch import Switch
+from attnkit.attention import MultiHeadAttention
 
 __all__ = [
-    "Sequences", "attention", "attention_kernel", "attention_tiles", "fast_attention", "kernel",
+    "FUSED_NAME", "Sequences", "attention", "attention_kernel", "attention_tiles", "kernel",
     "packed_attention", "packed_self_attention", "register_operator", "takes_packed",
-    "tiles_available",
+    "tiles_available", "use_attention_kernel",
 ]  # fmt: skip
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -380,30 +378,15 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     )  # fmt: skip
 
 
-def _top_left(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
-    """torch's own ``is_causal`` aligns the causal mask top-left, which only differs from
-    :func:`attention`'s bottom-right when N != M."""
-    return is_causal and q.shape[-2] != k.shape[-2]
+FUSED_NAME = "attnkit"  # the kernel's name in backends.FUSED
+backends.register_fused(FUSED_NAME, attention)
 
 
-class _Calls(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not _top_left(*args, **kwargs):
-            return attention(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def fast_attention():
-    """Inside the block, ``F.scaled_dot_product_attention`` calls go through :func:`attention`,
-    and so do the fused path's calls with a mask and the causal flag together."""
-    if not _switch.on:
-        yield
-        return
-    previous, backends.sdpa_with_causal_mask = backends.sdpa_with_causal_mask, attention
-    try:
-        with _Calls():
-            yield
-    finally:
-        backends.sdpa_with_causal_mask = previous
+def use_attention_kernel(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Every attention layer of ``model`` runs its fused path by :func:`attention` (``enabled``)
+    or by torch's SDPA again; returns the model. The kernel takes what it can (see the module
+    docstring: a training step's CPU float32 or bf16 heads) and hands the rest to torch."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.attn_implementation = FUSED_NAME if enabled else "sdpa"
+    return model

@@ -7,10 +7,10 @@ layers are the plain modules again, so evaluation, sampling and checkpoints neve
 code. Inductor fuses the elementwise work of a layer (norms, the activation, residual adds,
 dropout, the casts of bf16 autocast) into a few loops, forward and backward. The matrix
 products stay in oneDNN (inside :func:`attnkit.accel.onednn_products`, as the registered
-operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (inside
-:func:`attnkit.accel.fast_attention`, as ``torch.ops.attnkit.attention``) or torch's fused
-one. A mixture of experts routes tokens by their values (``nonzero``), so it runs eagerly
-between the compiled parts of its layer. The unpadded stacks (``accel.unpad_stacks``) keep
+operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (for layers
+that :func:`attnkit.accel.use_attention_kernel` set, as ``torch.ops.attnkit.attention``) or
+torch's fused one. A mixture of experts routes tokens by their values (``nonzero``), so it runs
+eagerly between the compiled parts of its layer. The unpadded stacks (``accel.unpad_stacks``) keep
 skipping a padded batch's padding: their layers take the real rows, (1, T, D), and attention
 over those packed rows runs eagerly between the layer's compiled parts (a graph break), where
 attnkit's kernel takes them as they lie. T changes from batch to batch, so it is marked

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their switches)
-from attnkit.accel.attention import tiles_available
+from attnkit.accel.attention import tiles_available, use_attention_kernel
 from attnkit.accel.lm_loss import fuse_lm_loss
 from attnkit.accel.onednn import describe_choice, onednn_choice, onednn_linear_available
 from attnkit.accel.switch import switch
@@ -130,7 +130,8 @@ def prepare(model: nn.Module, job: str) -> Prepared:
     """Ready ``model`` for ``job`` (``"training"`` or ``"decoding"``) and report every lever.
 
     For training, the model's LM heads get the fused loss and its stacks the unpadded forward
-    (module swaps, in place); the levers that act on each step are reported as they will run.
+    (module swaps, in place), and its attention layers choose the C kernel for their fused
+    path; the levers that act on each step are reported as they will run.
     For decoding nothing is changed here: ``generate`` chooses its step per call.
     """
     if not isinstance(model, nn.Module):
@@ -140,8 +141,10 @@ def prepare(model: nn.Module, job: str) -> Prepared:
     if job == "decoding":
         return Prepared(model, job, _decoding_levers())
     found = _training_levers(model)
-    if found[0].on:
-        fuse_lm_loss(model)
-    if found[1].on:
-        unpad_stacks(model)
+    on = {lever.name: lever.on for lever in found}
+    if on["fused-loss"]:
+        model = fuse_lm_loss(model)
+    if on["unpadded"]:
+        model = unpad_stacks(model)
+    use_attention_kernel(model, on["attention-kernel"])
     return Prepared(model, job, found)

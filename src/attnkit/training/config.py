@@ -239,11 +239,11 @@ def precision_context(precision: str, device: torch.device):
 @contextlib.contextmanager
 def step_context(precision: str, device: torch.device):
     """What a training or evaluation forward runs under: the precision, and the speed levers
-    that act on a step (:func:`attnkit.accel.onednn_products`,
-    :func:`attnkit.accel.fast_attention`; and, once per process,
-    :func:`attnkit.accel.keep_freed_memory`)."""
+    that act on a step (:func:`attnkit.accel.onednn_products`; and, once per process,
+    :func:`attnkit.accel.keep_freed_memory`). The attention kernel is the model's own choice
+    (``accel.prepare``)."""
     accel.keep_freed_memory()
-    with precision_context(precision, device), accel.onednn_products(), accel.fast_attention():
+    with precision_context(precision, device), accel.onednn_products():
         yield
 
 
