@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 import attnkit as ak
 from attnkit.accel.packed import PackedLinear, dequantize
-from attnkit.accel.quantize import dequantize_model, packed_layout
+from attnkit.accel.quantize import dequantize_model
+from attnkit.serialization import packed_layout
 
 
 def small(family: str = "lm"):

@@ -110,11 +110,6 @@ class _Model(nn.Module):
     def save_pretrained(self, directory, *, tokenizer=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically;
         ``attnkit.from_pretrained(directory)`` reads it back exactly (packed layers too)."""
-        from attnkit.accel.quantize import packed_layout
-
-        self.cfg.extra["packed"] = packed_layout(self)  # which layers hold blocks, if any
-        if not self.cfg.extra["packed"]:
-            del self.cfg.extra["packed"]
         return serialization.save_pretrained(self, directory, tokenizer=tokenizer)
 
     def extra_meta(self) -> dict:

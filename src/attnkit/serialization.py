@@ -37,6 +37,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "family",
     "load_attnkit",
+    "packed_layout",
     "read_config",
     "save_pretrained",
     "skip_init",
@@ -80,9 +81,24 @@ def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> No
         tokenizer.save(directory / TOKENIZER_FILE)
 
 
+def packed_layout(model: nn.Module) -> dict[str, str]:
+    """{module name: block format} for every layer of ``model`` that keeps its weights in
+    blocks (a module with a ``block_format``, as ``accel.PackedLinear`` and
+    ``accel.PackedEmbedding`` have): saved in config.json, so that loading rebuilds them."""
+    return {
+        name: module.block_format
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "block_format", None), str)
+    }
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike[str], *, tokenizer=None) -> Path:
-    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically."""
+    """Write config.json + model.safetensors (+ tokenizer.json) to ``directory``, atomically;
+    config.json's ``extra.packed`` names the layers kept in blocks, if any."""
     _family_of(model)  # refuse a non-attnkit model before creating anything
+    model.cfg.extra["packed"] = packed_layout(model)
+    if not model.cfg.extra["packed"]:
+        del model.cfg.extra["packed"]
     with atomic_directory(directory) as tmp:
         write_pretrained(model, tmp, tokenizer=tokenizer)
     return Path(directory)

@@ -150,6 +150,11 @@ class PackedLinear(nn.Module):
     dequantized weight.
     """
 
+    @property
+    def block_format(self) -> str:
+        """The blocks' format (``serialization.packed_layout`` saves it with the model)."""
+        return self.kind
+
     def __init__(
         self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
     ) -> None:
@@ -218,6 +223,11 @@ class PackedEmbedding(nn.Module):
 
     ``blocks``: uint8 (num_embeddings, embedding_dim / 32 * block bytes), a buffer; a tied
     output layer (a :class:`PackedLinear`) may hold the same blocks."""
+
+    @property
+    def block_format(self) -> str:
+        """The blocks' format (``serialization.packed_layout`` saves it with the model)."""
+        return self.kind
 
     def __init__(self, blocks: Tensor, kind: str, embedding_dim: int) -> None:
         super().__init__()

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, dequantize
+from attnkit.serialization import packed_layout
 
 __all__ = ["SCHEMES", "dequantize_model", "packed_layout", "quantize", "restore_packed_layout"]
 
@@ -102,15 +103,6 @@ def dequantize_model(model: nn.Module) -> int:
     if replaced and cfg is not None:
         cfg.extra.pop("packed", None)
     return replaced
-
-
-def packed_layout(model: nn.Module) -> dict[str, str]:
-    """{module name: block format} for every packed layer of ``model``."""
-    return {
-        name: module.kind
-        for name, module in model.named_modules()
-        if isinstance(module, (PackedLinear, PackedEmbedding))
-    }
 
 
 def restore_packed_layout(model: nn.Module, layout: dict[str, str], source: str) -> None:

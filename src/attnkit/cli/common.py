@@ -58,7 +58,7 @@ def device_name(text: str) -> str:
 def to_device(model, device: str, path: str) -> torch.device:
     """Move ``model`` to ``--device`` and return where it is. Quantized (packed) layers run
     on the CPU: auto keeps such a model there, and a GPU named for it is refused."""
-    from attnkit.accel.quantize import packed_layout
+    from attnkit.serialization import packed_layout
     from attnkit.training.config import resolve_device
 
     packed = bool(packed_layout(model))
