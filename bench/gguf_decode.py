@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,10 +45,13 @@ def attnkit_worker(threads: int):
     return burst
 
 
-def llama_cpp_worker(threads: int):
+def llama_cpp_worker(threads: int, n_batch: int = 512):
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(model_path()), n_threads=threads, n_ctx=1024, verbose=False)
+    llm = Llama(
+        model_path=str(model_path()), n_threads=threads, n_ctx=1024, n_batch=n_batch,
+        verbose=False,
+    )  # fmt: skip
     ids = llm.tokenize(PROMPT.encode(), add_bos=False)
 
     def burst(tokens: int) -> float:
@@ -62,9 +66,9 @@ def llama_cpp_worker(threads: int):
     return burst
 
 
-def serve(name: str, threads: int) -> None:
+def serve(name: str, threads: int, n_batch: int) -> None:
     """A worker: load, warm up, then answer each line N on stdin with N tokens' tokens/s."""
-    burst = (attnkit_worker if name == "attnkit" else llama_cpp_worker)(threads)
+    burst = attnkit_worker(threads) if name == "attnkit" else llama_cpp_worker(threads, n_batch)
     burst(8)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -77,25 +81,35 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--worker", choices=["attnkit", "llama.cpp"], help=argparse.SUPPRESS)
+    parser.add_argument("--n-batch", type=int, default=512, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        serve(args.worker, args.threads)
+        serve(args.worker, args.threads, args.n_batch)
         return
     if importlib.util.find_spec("llama_cpp") is None:
         sys.exit("needs llama-cpp-python (make bench builds it)")
     print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
-    workers = {
-        name: subprocess.Popen(
-            [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("attnkit", "llama.cpp")
-    }
-    for process in workers.values():
-        if process.stdout.readline().strip() != "ready":
-            sys.exit("a worker failed to start")
+
+    def start(name: str, n_batch: int = 512) -> subprocess.Popen:
+        command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
+        return subprocess.Popen(
+            [*command, "--n-batch", str(n_batch)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    workers = {name: start(name) for name in ("attnkit", "llama.cpp")}
+    for name, process in list(workers.items()):
+        if process.stdout.readline().strip() == "ready":
+            continue
+        if name == "llama.cpp" and process.wait() == -signal.SIGILL:
+            # llama-cpp-python 0.3.36 built with GGML_NATIVE=ON dies with SIGILL in its
+            # batched prompt path on some CPUs (an Intel Xeon with AMX); its decode, one token
+            # at a time, is the same with a batch of one
+            print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+            workers[name] = process = start(name, 1)
+            if process.stdout.readline().strip() == "ready":
+                continue
+        sys.exit(f"the {name} worker failed to start (exit status {process.wait()})")
 
     def burst(name: str) -> float:
         workers[name].stdin.write(f"{args.tokens}\n")
