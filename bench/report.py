@@ -45,6 +45,18 @@ def record(paths: list[Path]) -> None:
         print(f"kept {path} as {target.relative_to(RESULTS.parent)}")
 
 
+# beside the ratios that have a target, the ones a reader looks for first
+ALSO_SHOWN = ("lm-small bf16: attnkit / HF GPT-2", "lm-small bf16: attnkit compiled / HF GPT-2",
+              "mt-small fp32: attnkit / HF BART")  # fmt: skip
+
+
+def shown(name: str, figures: dict) -> bool:
+    """A benchmark with targets shows the ratios that have one (and ``ALSO_SHOWN``); one
+    without targets shows every ratio. Its JSON keeps them all."""
+    targets = figures.get("targets")
+    return not targets or name in targets or name in ALSO_SHOWN
+
+
 def tables() -> str:
     """Markdown: per CPU, every ratio of every benchmark kept for it."""
     by_cpu: dict[str, list[dict]] = {}
@@ -67,6 +79,8 @@ def tables() -> str:
             figures = data["figures"]
             spreads, targets = figures.get("spreads", {}), figures.get("targets", {})
             for name, value in figures.get("ratios", {}).items():
+                if not shown(name, figures):
+                    continue
                 pct = "MFU" in name
                 text = f"{value:.1%}" if pct else f"{value:.3f}x"
                 spread = spreads.get(name)

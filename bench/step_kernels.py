@@ -25,7 +25,6 @@ import time
 import torch
 
 from attnkit.accel import (
-    attention,
     attention_kernel,
     attention_tiles,
     bf16_products_fast,
@@ -33,6 +32,7 @@ from attnkit.accel import (
     loss_kernels,
     tiles_available,
 )
+from attnkit.accel.attention import attention
 from common import cpu_description
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

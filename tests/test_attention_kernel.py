@@ -297,3 +297,30 @@ def check_against_the_reference():
     torch.testing.assert_close(
         packed_grad[:37, 0], want[0][0].transpose(0, 1), rtol=1e-4, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["decoder", "seq2seq", "encoder"])
+def test_a_layer_that_chose_the_kernel_runs_it_in_every_call_of_a_step(family, dtype, monkeypatch):
+    """Every attention call of a training step goes to the kernel once the layers chose it:
+    a decoder's causal self-attention without padding (torch's own causal SDPA otherwise),
+    cross-attention, an encoder's; in float32 and under bf16 autocast."""
+    calls = []
+    real = kernel_module._Attention.apply
+    monkeypatch.setattr(kernel_module._Attention, "apply", lambda *a: calls.append(1) or real(*a))
+    cfg = ak.ModelConfig.preset("tiny")
+    torch.manual_seed(0)
+    model = {"decoder": ak.DecoderLM, "seq2seq": ak.Transformer}.get(family)
+    model = model(cfg) if model else ak.EncoderClassifier(cfg, num_classes=2)
+    accel.use_attention_kernel(model.train())
+    ids = torch.randint(3, cfg.vocab_size, (2, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        if family == "decoder":
+            loss = model.loss(ids[:, :-1], ids[:, 1:])
+        elif family == "seq2seq":
+            loss = model.loss(ids, ak.shift_right(ids, cfg.bos_id), ids)
+        else:
+            loss = model(ids).logsumexp(-1).sum()
+    layers = sum(isinstance(m, ak.MultiHeadAttention) for m in model.modules())
+    assert len(calls) == layers > 0
+    loss.float().backward()

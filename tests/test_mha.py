@@ -166,3 +166,27 @@ def test_alibi_weights_decay_with_distance():
     for h in range(2):
         expected = torch.softmax(-slopes[h] * torch.tensor([3.0, 2.0, 1.0, 0.0]), dim=0)
         torch.testing.assert_close(w[0, h, 3], expected)
+
+
+def test_a_fused_step_marks_what_it_wrote_into_the_cache():
+    """``KVCache.written``: positions a fused step (the packed C step) wrote in place count as
+    cached, and attention then reads them as if :meth:`append` had stored them."""
+    cache = ak.KVCache(1, 2, 4, 8)
+    k, v = torch.randn(2, 1, 2, 3, 8)
+    cache.append(k, v)
+    cache.k[:, :, 3], cache.v[:, :, 3] = k[:, :, 0], v[:, :, 0]  # as the C step writes
+    cache.written(1)
+    assert cache.length == 4
+    torch.testing.assert_close(cache.cached().k[:, :, 3], k[:, :, 0])
+    with pytest.raises(ValueError, match="1 more positions after 4 do not fit in 4"):
+        cache.written(1)
+
+
+def test_a_decoder_layer_names_its_parts_by_role():
+    layer = ak.DecoderLM(ak.ModelConfig.preset("tiny")).decoder.layers[0]
+    parts = layer.parts()
+    assert parts.attention is layer.self_attn and parts.ffn is layer.ffn
+    assert parts.attention_norm is layer.norm1 and parts.ffn_norm is layer.norm3
+    assert parts.cross_attention is None
+    seq2seq = ak.Transformer(ak.ModelConfig.preset("tiny")).decoder.layers[0]
+    assert seq2seq.parts().cross_attention is seq2seq.cross_attn

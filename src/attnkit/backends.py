@@ -159,13 +159,13 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, fused="sdpa"):
     repeated."""
     n, m = q.shape[-2], k.shape[-2]
     gqa = {"enable_gqa": True} if k.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
-    if is_causal and mask is None and n == m:  # the kernel builds the (square) causal mask
-        return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
-        )
-    if fused != "sdpa" and q.device.type == "cpu":  # a registered kernel takes both masks
+    if fused != "sdpa" and q.device.type == "cpu":  # the layer's kernel takes both masks
         return FUSED[fused](
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
+        )
+    if is_causal and mask is None and n == m:  # torch builds the (square) causal mask
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
         )
     mask = _with_causal(mask, is_causal, n, m, q)
     out = F.scaled_dot_product_attention(

@@ -124,6 +124,17 @@ class KVCache:
         self.v = self.v.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
 
+    def written(self, count: int) -> None:
+        """``count`` more positions were written in place into ``k``, ``v`` and ``positions``
+        at ``[length, length + count)`` by a fused step (``accel.PackedDecoder``'s C call)
+        instead of :meth:`append`: they count as cached from now on."""
+        if count < 0 or self.length + count > self.max_len:
+            raise ValueError(
+                f"KVCache.written: {count} more positions after {self.length} do not fit in "
+                f"{self.max_len}"
+            )
+        self.length += count
+
 
 class RollingKVCache:
     """The last ``window`` keys and values of one layer, in a ring buffer of fixed size.

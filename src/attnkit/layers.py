@@ -14,6 +14,8 @@ encoder and decoder layers in the paper's Post-LN order or the modern Pre-LN ord
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -201,11 +203,28 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
+class DecoderParts(NamedTuple):
+    """A decoder layer's parts by role, for code that runs the layer's step another way (a
+    fused kernel) and must not depend on attribute names: the norm before self-attention, the
+    self-attention, the norm before the feed-forward network, the feed-forward network, and
+    the cross-attention (None in a decoder-only layer)."""
+
+    attention_norm: nn.Module
+    attention: MultiHeadAttention
+    ffn_norm: nn.Module
+    ffn: nn.Module
+    cross_attention: MultiHeadAttention | None
+
+
 class DecoderLayer(nn.Module):
     """Masked self-attention -> Add & Norm -> [cross-attention -> Add & Norm] -> FFN -> Add & Norm.
 
     ``cross_attention=False`` drops the middle sublayer: the decoder-only (GPT) layer.
     """
+
+    def parts(self) -> DecoderParts:
+        """The layer's parts by role (:class:`DecoderParts`)."""
+        return DecoderParts(self.norm1, self.self_attn, self.norm3, self.ffn, self.cross_attn)
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True) -> None:
         super().__init__()

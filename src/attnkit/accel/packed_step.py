@@ -32,10 +32,12 @@ from torch import Tensor, nn
 from attnkit.accel.packed import _KIND_CODES, MAX_ROWS, LlamaLayer, PackedLinear, packed_kernel
 from attnkit.accel.switch import Switch
 from attnkit.caches import KVCache
+from attnkit.layers import DecoderLayer
 from attnkit.position import positions_from_mask
 
 __all__ = ["PackedDecoder", "packed_decoder", "packed_steps"]
 
+_EPS = torch.finfo(torch.float32).eps  # RMSNorm's epsilon where the norm names none
 _switch = Switch("ATTNKIT_PACKED_STEP")
 
 
@@ -60,7 +62,7 @@ def _unsupported(model: nn.Module) -> str | None:
     for layer in model.decoder.layers:
         if not all(isinstance(p, PackedLinear) and p.bias is None for p in _products(layer)):
             return "a layer's products are not all packed"
-        if layer.cross_attn is not None:
+        if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
     if packed_kernel() is None:
         return "the packed kernel could not be built (no C compiler)"
@@ -75,21 +77,24 @@ def packed_decoder(model: nn.Module) -> PackedDecoder | None:
     return PackedDecoder(model)
 
 
-def _products(block: nn.Module) -> tuple[nn.Module, ...]:
-    """A DecoderLayer's products in packed_llama_step's order: in_proj, out_proj, gate, up, down."""
-    attention, ffn = block.self_attn, block.ffn
+def _products(block: DecoderLayer) -> tuple[nn.Module, ...]:
+    """A DecoderLayer's products in packed_llama_step's order: in_proj, out_proj, gate, up, down
+    (read through the layer's ``parts()``)."""
+    attention, ffn = block.parts().attention, block.parts().ffn
     return attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down
 
 
-def _floats(block: nn.Module) -> list[Tensor]:
+def _floats(block: DecoderLayer) -> list[Tensor]:
     """A DecoderLayer's float tensors that packed_llama_step reads: norm gains, RoPE's
     frequencies."""
-    return [block.norm1.weight, block.norm3.weight, block.self_attn.rope.inv_freq]
+    parts = block.parts()
+    return [parts.attention_norm.weight, parts.ffn_norm.weight, parts.attention.rope.inv_freq]
 
 
-def _layer(block: nn.Module, cfg) -> LlamaLayer:
+def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
     """The C description of one DecoderLayer: sizes, norm gains and packed weights."""
-    attention, ffn, products = block.self_attn, block.ffn, _products(block)
+    parts, products = block.parts(), _products(block)
+    attention, ffn = parts.attention, parts.ffn
     norm1, norm2, inv_freq = (t.data_ptr() for t in _floats(block))
     return LlamaLayer(
         d_model=cfg.d_model,
@@ -97,7 +102,7 @@ def _layer(block: nn.Module, cfg) -> LlamaLayer:
         n_kv_heads=attention.n_kv_heads,
         d_head=attention.d_head,
         d_ff=ffn.gate.out_features,
-        eps=block.norm1.eps if block.norm1.eps is not None else torch.finfo(torch.float32).eps,
+        eps=parts.attention_norm.eps if parts.attention_norm.eps is not None else _EPS,
         scale=1.0 / math.sqrt(attention.d_head),
         norm1=norm1,
         norm2=norm2,
@@ -179,6 +184,6 @@ class PackedDecoder:
             )  # fmt: skip
             if status != 0:  # cannot happen for what accepts() let through
                 raise RuntimeError(f"packed_llama_step failed ({status})")
-            kv.length = past + 1
+            kv.written(1)  # the C call wrote this step's key and value into the cache
         x = model.decoder.norm(x)
         return model.lm_head(x)  # (B, V)
