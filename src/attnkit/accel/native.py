@@ -195,7 +195,13 @@ def _choose() -> str | None:
             return name
         except (OSError, RuntimeError) as error:
             reasons.append(f"{name}: {error}")
-    _warn("attnkit's native kernels could not be loaded (" + "; ".join(reasons) + ")")
+    if len(candidates) > 1 and not any(library_path(name).is_file() for name in candidates):
+        _warn(
+            "attnkit's native kernels are not built (no _kernels_*.so in "
+            f"{_HERE}; reinstall attnkit with a C compiler)"
+        )
+    else:
+        _warn("attnkit's native kernels could not be loaded (" + "; ".join(reasons) + ")")
     return None
 
 

@@ -96,7 +96,12 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
         levers.append(Lever("amx-tiles", False, switch("ATTNKIT_ATTENTION_TILES").why_off))
     else:
         tiles = switch("ATTNKIT_ATTENTION_KERNEL").on and tiles_available()
-        levers.append(Lever("amx-tiles", tiles, "bf16 attention" if tiles else "no AMX here"))
+        why = "bf16 attention" if tiles else "no AMX tiles here"
+        if not tiles and native.library() is None:
+            why = "no native kernels (see attnkit info)"
+        elif not tiles and not switch("ATTNKIT_ATTENTION_KERNEL").on:
+            why = "the attention kernel is off"
+        levers.append(Lever("amx-tiles", tiles, why))
     if not onednn_linear_available():
         levers.append(Lever("onednn-fp32", False, "torch has no oneDNN linear"))
     else:
