@@ -34,10 +34,12 @@ $(STAMP): pyproject.toml setup.py Makefile
 	touch $(STAMP)
 	touch -r $(STAMP) $(KERNELS)  # the install above built them
 
+# (A venv just built has its kernels: make decided before building it that this target was
+# missing, so the recipe compiles only where a source is newer than the libraries.)
 $(KERNELS): $(STAMP) $(KERNEL_SOURCES)
-	$(BIN)/pip install --quiet --no-deps -e .
-	$(BIN)/python -m attnkit.accel.native
-	touch $(KERNELS)
+	@if [ -e $@ ] && [ -z "$$(find $(KERNEL_SOURCES) -newer $@)" ]; then touch $@; else \
+	  $(BIN)/pip install --quiet --no-deps -e . && $(BIN)/python -m attnkit.accel.native && \
+	  touch $@; fi
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):
 # trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
