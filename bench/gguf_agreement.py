@@ -32,7 +32,7 @@ import torch
 
 import attnkit as ak
 from attnkit.accel import packed, packed_decoder, packed_steps
-from attnkit.generation import _lm_step
+from attnkit.generation import lm_step
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description
 from gguf_speed import model_path
@@ -84,7 +84,7 @@ def c_step_difference(floats, packs, ids: list[int], tokens: list[int]) -> float
     cache = packs.new_cache(1, sequence.shape[1])
     with torch.no_grad():
         want = floats(sequence)[0, len(ids) : -1]  # predicting each token after the first
-        _lm_step(packs, sequence[:, : len(ids)], None, cache)
+        lm_step(packs, sequence[:, : len(ids)], None, cache)
         got = [
             decoder.step(packs, sequence[:, t : t + 1], None, cache, eager=None)[0]
             for t in range(len(ids), sequence.shape[1] - 1)

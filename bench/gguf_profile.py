@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
 from attnkit.accel import packed, packed_steps
-from attnkit.generation import _lm_step
+from attnkit.generation import lm_step
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description
 from gguf_speed import PROMPT, model_path
@@ -99,7 +99,7 @@ def main() -> None:
     decoder = ak.accel.packed_decoder(model)
     cache = model.new_cache(1, 64)
     with torch.no_grad():
-        _lm_step(model, ids, None, cache)
+        lm_step(model, ids, None, cache)
         x, position = torch.randn(1, model.cfg.d_model), torch.tensor([cache.length])
         calls = []
         for _ in range(20):
@@ -112,24 +112,14 @@ def main() -> None:
                 )  # fmt: skip
             calls.append(time.perf_counter() - start)
 
-    from attnkit import generation
-
-    step_fn, counts = generation._lm_step, []
-
-    def counting(model_, tokens, mask, cache):
-        if tokens.shape[1] == 1 and not counts:
-            with CountOps() as mode:
-                out = step_fn(model_, tokens, mask, cache)
-            counts.append(mode.count)
-            return out
-        return step_fn(model_, tokens, mask, cache)
-
-    generation._lm_step = counting
-    try:
-        with packed_steps(False):
-            model.generate(ids, 3, do_sample=False)
-    finally:
-        generation._lm_step = step_fn
+    # the operators of one eager one-token step after the prompt (as generate runs it with
+    # packed_steps(False)), counted by a dispatch mode around that call alone
+    counts, cache = [], model.new_cache(1, 64)
+    with torch.no_grad():
+        token = lm_step(model, ids, None, cache).argmax(-1, keepdim=True)
+        with CountOps() as mode:
+            lm_step(model, token, None, cache)
+    counts.append(mode.count)
 
     kernel, codes = packed.packed_kernel(), packed._KIND_CODES
     rows = {m.in_features: torch.randn(m.in_features) for m in layers}

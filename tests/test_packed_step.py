@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import attnkit as ak
 from attnkit.accel import PackedDecoder, native, packed_decoder, packed_steps
-from attnkit.generation import _lm_step
+from attnkit.generation import lm_step
 
 FORMATS = {"Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4_K": (Q.Q4_K, 256)}
 _models = {}
@@ -47,10 +47,10 @@ def test_the_c_step_equals_the_eager_step(tmp_path_factory, kind, d_ff):
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
     eager_cache, c_cache = model.new_cache(1, 20), model.new_cache(1, 20)
     with torch.no_grad():
-        token = _lm_step(model, prompt, None, eager_cache).argmax(-1, keepdim=True)
-        _lm_step(model, prompt, None, c_cache)
+        token = lm_step(model, prompt, None, eager_cache).argmax(-1, keepdim=True)
+        lm_step(model, prompt, None, c_cache)
         for _ in range(10):
-            want = _lm_step(model, token, None, eager_cache)
+            want = lm_step(model, token, None, eager_cache)
             got = decoder.step(model, token, None, c_cache, eager=None)  # never falls back
             assert close(got, want, want.abs().max().item())
             token = want.argmax(-1, keepdim=True)
@@ -73,7 +73,7 @@ def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
 
     def eager(*args):
         eager_calls.append(args[1].shape)
-        return _lm_step(*args)
+        return lm_step(*args)
 
     with torch.no_grad():
         with packed_steps(False):
@@ -84,7 +84,7 @@ def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
         # the C step takes the padded rows itself
         decoder = packed_decoder(model)
         cache = model.new_cache(3, 8)
-        _lm_step(model, ids, mask, cache)
+        lm_step(model, ids, mask, cache)
         longer = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)
         decoder.step(model, ids[:, -1:], longer, cache, eager=eager)
     assert eager_calls == []
@@ -120,7 +120,7 @@ def test_cached_c_steps_equal_the_uncached_forward(tmp_path_factory, prompt, ste
     cache = model.new_cache(1, len(prompt) + len(steps))
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        _lm_step(model, ids, None, cache)
+        lm_step(model, ids, None, cache)
         for token in steps:
             ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
             got = decoder.step(model, ids[:, -1:], None, cache, eager=None)
@@ -135,7 +135,7 @@ def test_what_it_cannot_run_goes_eager(tmp_path_factory):
 
     def eager(*args):
         calls.append(args[1].shape)
-        return _lm_step(*args)
+        return lm_step(*args)
 
     with torch.no_grad():
         cache = model.new_cache(1, 12)

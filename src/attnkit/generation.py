@@ -38,7 +38,7 @@ from torch import Tensor
 from attnkit import checks
 from attnkit.accel import compiled_step, decoding_layout, frozen_weights, packed_decoder
 
-__all__ = ["BeamHypothesis", "beam_search", "generate", "sample_next"]
+__all__ = ["BeamHypothesis", "beam_search", "generate", "lm_step", "lm_stepper", "sample_next"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,23 +90,23 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_samp
 # --------------------------------------------------------------------------------------------
 
 
-def _lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
+def lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
     """A DecoderLM's logits (B, V) for the position after ``tokens`` (B, N): with a ``cache``,
     the new positions only; without one, the whole sequence."""
     return model.lm_head(model.hidden_states(tokens, mask, cache)[0][:, -1])
 
 
 def lm_stepper(model, *, compile: bool = False, device: torch.device | None = None):
-    """A DecoderLM's cached one-token step, called as :func:`_lm_step`: compiled, in C where
-    ``accel.packed_decoder`` takes the model, else :func:`_lm_step` itself."""
+    """A DecoderLM's cached one-token step, called as :func:`lm_step`: compiled, in C where
+    ``accel.packed_decoder`` takes the model, else :func:`lm_step` itself."""
     if compile:
-        return compiled_step(_lm_step, device)
+        return compiled_step(lm_step, device)
     decoder = packed_decoder(model)
-    return _lm_step if decoder is None else partial(decoder.step, eager=_lm_step)
+    return lm_step if decoder is None else partial(decoder.step, eager=lm_step)
 
 
 def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
-    """A Transformer decoder's logits (B, V) after ``tokens``, as :func:`_lm_step`: the lean
+    """A Transformer decoder's logits (B, V) after ``tokens``, as :func:`lm_step`: the lean
     ``decoder_states`` (``generate`` and ``encode`` did ``decode``'s checks), the LM head."""
     hidden = model.decoder_states(tokens, memory, src_mask, None, cache, False)[0]
     return model.lm_head(hidden[:, -1])
@@ -115,7 +115,7 @@ def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None
 class _DecoderLMStepper:
     """Feeds a DecoderLM. Rows are left-aligned by ``attention_mask`` (left padding).
 
-    The prompt goes through the checks of ``forward``, then :func:`_lm_step` (the lean
+    The prompt goes through the checks of ``forward``, then :func:`lm_step` (the lean
     ``hidden_states``, the LM head on the last position only), as do uncached steps; cached
     steps go through the step :func:`lm_stepper` picks.
     """
@@ -139,7 +139,7 @@ class _DecoderLMStepper:
         )
 
     def start(self) -> Tensor:
-        return _lm_step(self.model, self.ids, self.mask, self.cache)
+        return lm_step(self.model, self.ids, self.mask, self.cache)
 
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
@@ -148,7 +148,7 @@ class _DecoderLMStepper:
         if self.use_cache:
             return self.cached_step(self.model, tokens, self.mask, self.cache)
         self.ids = torch.cat([self.ids, tokens], dim=1)
-        return _lm_step(self.model, self.ids, self.mask, None)
+        return lm_step(self.model, self.ids, self.mask, None)
 
     def reorder(self, index: Tensor) -> None:
         self.ids = self.ids.index_select(0, index)

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from attnkit.caches import KVCache
-from attnkit.generation import _eval_mode, _lm_step, lm_stepper, sample_next
+from attnkit.generation import _eval_mode, lm_step, lm_stepper, sample_next
 from attnkit.serve.chat import TextStream
 from attnkit.stacks import DecoderCache
 
@@ -232,7 +232,7 @@ class Engine:
     def _prefill(self, job: Job) -> None:
         ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
         cache = self.model.new_cache(1, ids.shape[1], device=self.device)
-        logits = _lm_step(self.model, ids, None, cache)  # (1, V)
+        logits = lm_step(self.model, ids, None, cache)  # (1, V)
         token = self._choose(job, _on_cpu(logits)[0])
         if self._emit(job, token):
             return
