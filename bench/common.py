@@ -7,11 +7,8 @@ malloc), so a ratio compares the code, not the process."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -22,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from attnkit.accel import native
 
 RESULTS = Path(__file__).with_name("results")  # bench/results/<cpu>/<bench>.json
 
@@ -77,17 +76,10 @@ SLOW_BF16 = (
 
 
 def cpu_description() -> str:
-    """The processor as lscpu names it: model name, family and model (from /proc/cpuinfo), so
-    figures from different CPUs are never read as if they were comparable."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields:
-        name += f", family {fields['cpu family']}, model {fields.get('model', '?')}"
-    return f"{name}, {os.cpu_count()} CPU(s)"
+    """The processor as lscpu names it: model name, family and model, so that figures from
+    different CPUs are never read as if they were comparable."""
+    c = native.cpu()
+    return f"{c['model_name']}, family {c['family']}, model {c['model']}, {c['cpus']} CPU(s)"
 
 
 def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
@@ -108,21 +100,6 @@ def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
     return rates
 
 
-def cpu_fields() -> dict[str, str]:
-    """lscpu's model name, family and model (``/proc/cpuinfo``), and the CPU count."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    return {
-        "model_name": fields.get("model name") or platform.processor() or platform.machine(),
-        "family": fields.get("cpu family", "?"),
-        "model": fields.get("model", "?"),
-        "cpus": str(os.cpu_count()),
-    }
-
-
 def save_results(bench: str, figures: dict, path: Path | None = None) -> Path:
     """Write ``figures`` as ``runs/bench/<bench>.json`` (or ``path``) with what makes them
     comparable: the CPU, torch's version and threads, the commit, the date and the command.
@@ -133,7 +110,7 @@ def save_results(bench: str, figures: dict, path: Path | None = None) -> Path:
     ).stdout.strip()  # fmt: skip
     record = {
         "bench": bench,
-        "cpu": cpu_fields(),
+        "cpu": native.cpu(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "commit": commit or "unknown",

@@ -35,6 +35,7 @@ __all__ = [
     "VARIANTS",
     "X86_ONLY",
     "KernelWarning",
+    "cpu",
     "cpu_flags",
     "library",
     "library_path",
@@ -72,6 +73,27 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@cache
+def cpu() -> dict[str, str]:
+    """The CPU as ``lscpu`` names it, from ``/proc/cpuinfo``: ``model_name``, ``family``,
+    ``model``, and ``machine`` and ``cpus`` (what ``attnkit info`` and the benchmarks print)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return {
+        "model_name": fields.get("model name") or platform.processor() or platform.machine(),
+        "family": fields.get("cpu family", "?"),
+        "model": fields.get("model", "?"),
+        "machine": platform.machine(),
+        "cpus": str(os.cpu_count()),
+    }
 
 
 def _x86() -> bool:

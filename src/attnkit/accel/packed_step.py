@@ -65,7 +65,7 @@ def _unsupported(model: nn.Module) -> str | None:
         if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
     if packed_kernel() is None:
-        return "the packed kernel could not be built (no C compiler)"
+        return "no native kernels (see attnkit info)"
     return None
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 
 # the CPU features that decide a kernel variant or a torch path, in the order printed
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
@@ -33,29 +31,6 @@ def register(commands) -> None:
     info.set_defaults(handler=run)
 
 
-def cpu() -> dict:
-    """The CPU's model name, family and model numbers (``/proc/cpuinfo``, as ``lscpu``)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip() and fields:
-                    break
-    except OSError:
-        pass
-    return {
-        "model_name": fields.get("model name") or platform.processor() or "unknown",
-        "family": fields.get("cpu family", "?"),
-        "model": fields.get("model", "?"),
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-    }
-
-
 def gather() -> dict:
     """Everything ``attnkit info`` prints, as plain data."""
     import torch
@@ -66,7 +41,7 @@ def gather() -> dict:
     flags = native.cpu_flags()
     return {
         "attnkit": attnkit.__version__,
-        "cpu": cpu(),
+        "cpu": native.cpu(),
         "features": [name for name in FEATURES if name in flags],
         "torch": {
             "version": torch.__version__,
@@ -97,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     c, t = facts["cpu"], facts["torch"]
     print(f"attnkit {facts['attnkit']}")
     print(f"cpu       {c['model_name']} (family {c['family']}, model {c['model']}), "
-          f"{c['cores']} cores, {c['machine']}")  # fmt: skip
+          f"{c['cpus']} cores, {c['machine']}")  # fmt: skip
     print(f"features  {' '.join(facts['features']) or '(none of ' + ', '.join(FEATURES) + ')'}")
     print(f"torch     {t['version']}, {t['threads']} threads, capability {t['capability']}; "
           f"MKL {_yes(t['mkl'])}, oneDNN {_yes(t['onednn'])}, OpenMP {_yes(t['openmp'])}, "
