@@ -63,7 +63,6 @@ def child(name: str) -> None:
         started = time.perf_counter()
         with (
             autocast,
-            accel.onednn_products(),
             accel.compiled_layers(model),
         ):
             value = loss()

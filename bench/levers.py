@@ -50,6 +50,7 @@ def variant(
     if fused_loss:
         model = accel.fuse_lm_loss(model)
     accel.use_attention_kernel(model, attention)
+    model = accel.use_onednn_products(model, onednn)
     optimizer = make_optimizer(model, adamw)
 
     def loss_of():
@@ -62,8 +63,6 @@ def variant(
 
     def step() -> float:
         with contextlib.ExitStack() as stack:
-            if onednn:
-                stack.enter_context(accel.onednn_products())
             if precision == "bf16":
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
             loss = loss_of()

@@ -133,7 +133,6 @@ def training_profile(
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
         with (
             autocast,
-            accel.onednn_products(),
             accel.compiled_layers(model, compiled),
         ):
             if loss_kind == "fused":

@@ -142,7 +142,7 @@ def with_levers(
     loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
 ) -> Callable[[], Tensor]:
     """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (``attnkit.accel.onednn_products``, and
+    (oneDNN's products, which ``accel.apply`` swapped in, forced on or off, and
     ``accel.compiled_layers`` for ``train.compile``) as ``variant`` (a key of VARIANTS) says;
     the references run as they are."""
     compiled, onednn = VARIANTS[variant]
@@ -150,7 +150,6 @@ def with_levers(
     def run() -> Tensor:
         with (
             onednn_switch(onednn),
-            accel.onednn_products(),
             accel.compiled_layers(model, compiled),
         ):
             return loss_of()

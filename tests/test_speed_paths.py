@@ -3,6 +3,8 @@ gradients) against F.linear, the chunked LM-head loss against logits + F.cross_e
 smoothing, ignore_index, autocast, no grad), the models' ``loss`` methods, and generation with
 transposed decoding weights against the uncached reference."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +18,9 @@ from attnkit.accel import (
     linear_cross_entropy,
     onednn_linear,
     onednn_linear_available,
-    onednn_products,
+    use_onednn_products,
 )
+from attnkit.accel.onednn import OneDNNLinear
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="no oneDNN in torch")
 
@@ -75,17 +78,30 @@ def test_linear_keeps_strided_weight_slices_away_from_onednn():
 
 
 @needs_onednn
-def test_onednn_products_route_nn_linear_and_weight_slices_from_outside():
-    layer = torch.nn.Linear(16, 12)
-    x = torch.randn(10, 16)
-    assert "OneDNN" not in type(layer(x).grad_fn).__name__  # the model alone: torch's GEMM
-    with onednn_linear(True), onednn_products():  # on whatever ATTNKIT_ONEDNN_LINEAR says
+def test_use_onednn_products_swaps_linears_and_routes_cross_attention_slices():
+    """A module swap, not a mode: the model's nn.Linear layers become OneDNNLinear over the same
+    parameters, and cross-attention's Q and [K, V] slices of in_proj take the same product."""
+    cfg = ak.ModelConfig.preset("tiny")
+    torch.manual_seed(0)
+    plain = ak.Transformer(cfg)
+    swapped = use_onednn_products(copy.deepcopy(plain))
+    linears = [m for m in swapped.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is not torch.nn.Linear for m in linears)
+    assert any(isinstance(m, OneDNNLinear) for m in linears)
+    assert swapped.state_dict().keys() == plain.state_dict().keys()
+    layer = swapped.decoder.layers[0].cross_attn.in_proj
+    assert isinstance(layer, OneDNNLinear) and layer.weight is not None
+    x = torch.randn(2, 10, cfg.d_model)
+    with onednn_linear(True):  # whatever ATTNKIT_ONEDNN_LINEAR says
+        q = layer.rows(x, slice(None, cfg.d_model))  # cross-attention's W^Q
         out = layer(x)
-        piece = F.linear(x, layer.weight[:5])  # a slice of a weight (cross-attention's W^Q)
-    assert "OneDNN" in type(out.grad_fn).__name__
-    assert "OneDNN" in type(piece.grad_fn).__name__
+    assert "OneDNN" in type(q.grad_fn).__name__ and "OneDNN" in type(out.grad_fn).__name__
     torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert set(layer.state_dict()) == {"weight", "bias"}  # nothing about the module changed
+    src = torch.randint(3, cfg.vocab_size, (2, 9))
+    tgt = torch.randint(3, cfg.vocab_size, (2, 7))
+    with onednn_linear(True):
+        got = swapped(src, tgt)
+    torch.testing.assert_close(got, plain(src, tgt), rtol=1e-4, atol=1e-4)
 
 
 @needs_onednn
@@ -102,8 +118,8 @@ def test_the_default_takes_onednn_where_it_measured_faster(faster, monkeypatch):
     x, w = torch.randn(10, 16), torch.randn(12, 16, requires_grad=True)
     for _ in range(3):
         assert ("OneDNN" in type(linear(x, w).grad_fn).__name__) == faster
-    with onednn_products():
-        assert ("OneDNN" in type(torch.nn.functional.linear(x, w).grad_fn).__name__) == faster
+    layer = use_onednn_products(torch.nn.Sequential(torch.nn.Linear(16, 12)))[0]
+    assert ("OneDNN" in type(layer(x).grad_fn).__name__) == faster
     assert calls == [1]
     assert onednn.onednn_choice() == {"on": faster, "by": "measured", "faster": faster}
     with onednn_linear(not faster):

@@ -246,18 +246,21 @@ class MultiHeadAttention(nn.Module):
 
     def _project_q(self, x: Tensor) -> Tensor:
         """x W^Q: the first n_heads * d_head rows of in_proj."""
-        rows = self.n_heads * self.d_head
-        bias = self.in_proj.bias
-        return nn.functional.linear(
-            x, self.in_proj.weight[:rows], None if bias is None else bias[:rows]
-        )
+        return self._project_rows(x, slice(None, self.n_heads * self.d_head))
 
     def _project_kv(self, context: Tensor) -> Tensor:
         """[context W^K, context W^V] in one matmul: the remaining rows of in_proj."""
-        rows = self.n_heads * self.d_head
+        return self._project_rows(context, slice(self.n_heads * self.d_head, None))
+
+    def _project_rows(self, x: Tensor, rows: slice) -> Tensor:
+        """x W[rows]^T + b[rows] for some rows of in_proj. A layer that applies a slice of its
+        rows itself (a ``rows(x, slice)`` method, as a swapped-in Linear with its own product
+        has) does it; otherwise the weight's rows are sliced here."""
+        if hasattr(self.in_proj, "rows"):
+            return self.in_proj.rows(x, rows)
         bias = self.in_proj.bias
         return nn.functional.linear(
-            context, self.in_proj.weight[rows:], None if bias is None else bias[rows:]
+            x, self.in_proj.weight[rows], None if bias is None else bias[rows]
         )
 
     def _heads(self, t: Tensor, n_heads: int) -> Tensor:

@@ -6,8 +6,8 @@ processor: measure before relying on one).
 ::
 
     onednn.py     float32 matrix products through oneDNN's GEMM on the CPU (forward and both
-                  gradients), a torch function mode around a step: ``with onednn_products():``
-                  (on where it measured faster than MKL here, ``onednn_choice()``; forced:
+                  gradients), a module swap: ``use_onednn_products(model)`` (each product
+                  takes oneDNN where it measured faster than MKL here, ``onednn_choice()``; forced:
                   ``onednn_linear(False)``, ``ATTNKIT_ONEDNN_LINEAR=0`` or ``=1``);
                   ``bf16_products_fast()``: whether torch has fast bf16 products here
     attention.py  attention's forward and backward for training steps by a C kernel
@@ -51,9 +51,8 @@ processor: measure before relying on one).
 ``prepare(model, "training" | "decoding")`` (prepare.py) is the front door: it turns on what the
 job uses here and returns every lever with its state and why it is off, one line for a run's
 header; ``levers(job)`` answers without a model (``attnkit info``). ``apply(model)`` is its
-model-changing part alone (the fused loss, the unpadded stacks), for benchmarks that compare
-them (and the attention kernel, ``use_attention_kernel``); the trainer and the benchmarks run
-their steps inside ``onednn_products()``; the trainer also calls ``keep_freed_memory()``.
+model-changing part alone (the fused loss, the unpadded stacks, oneDNN's products, the attention
+kernel), for benchmarks that compare them; the trainer also calls ``keep_freed_memory()``.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ from attnkit.accel.onednn import (
     onednn_choice,
     onednn_linear,
     onednn_linear_available,
-    onednn_products,
+    use_onednn_products,
 )
 from attnkit.accel.packed import PackedEmbedding, PackedLinear
 from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
@@ -114,7 +113,6 @@ __all__ = [
     "onednn_choice",
     "onednn_linear",
     "onednn_linear_available",
-    "onednn_products",
     "packed_decoder",
     "packed_steps",
     "prepare",
@@ -124,14 +122,19 @@ __all__ = [
     "unpad_stacks",
     "unpadding",
     "use_attention_kernel",
+    "use_onednn_products",
 ]
 
 
-def apply(model: nn.Module, *, fused_loss: bool = True, unpadded: bool = True) -> nn.Module:
+def apply(
+    model: nn.Module, *, fused_loss: bool = True, unpadded: bool = True, onednn: bool = True
+) -> nn.Module:
     """Turn on the levers that change a model (the fused LM-head loss, the unpadded stacks,
-    the attention kernel for its layers' fused path); returns the model."""
+    oneDNN's float32 products, the attention kernel for its layers' fused path); returns the
+    model."""
     if fused_loss:
         model = fuse_lm_loss(model)
     if unpadded:
         model = unpad_stacks(model)
+    model = use_onednn_products(model, onednn)
     return use_attention_kernel(model)

@@ -1,22 +1,22 @@
 """A training step whose Transformer layers run through ``torch.compile``.
 
-``with compiled_layers(model):`` gives every ``EncoderLayer`` and ``DecoderLayer`` of the
-model a compiled ``forward`` for the duration of the block (the trainer wraps the training
-forward in it: ``train.compile = true``, ``attnkit train --compile``); outside the block the
-layers are the plain modules again, so evaluation, sampling and checkpoints never see compiled
-code. Inductor fuses the elementwise work of a layer (norms, the activation, residual adds,
-dropout, the casts of bf16 autocast) into a few loops, forward and backward. The matrix
-products stay in oneDNN (inside :func:`attnkit.accel.onednn_products`, as the registered
-operator ``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (for layers
-that :func:`attnkit.accel.use_attention_kernel` set, as ``torch.ops.attnkit.attention``) or
-torch's fused one. A mixture of experts routes tokens by their values (``nonzero``), so it runs
-eagerly between the compiled parts of its layer. The unpadded stacks (``accel.unpad_stacks``) keep
+``with compiled_layers(model):`` gives every ``EncoderLayer`` and ``DecoderLayer`` of the model
+a compiled ``forward`` for the duration of the block (the trainer wraps the training forward in
+it: ``train.compile = true``, ``attnkit train --compile``); outside the block the layers are the
+plain modules again, so evaluation, sampling and checkpoints never see compiled code. Inductor
+fuses the elementwise work of a layer (norms, the activation, residual adds, dropout, the casts
+of bf16 autocast) into a few loops, forward and backward. The matrix products stay in oneDNN
+(where :func:`attnkit.accel.use_onednn_products` swapped them in, as the registered operator
+``torch.ops.attnkit.onednn_mm``) and attention in attnkit's C kernel (for layers that
+:func:`attnkit.accel.use_attention_kernel` set, as ``torch.ops.attnkit.attention``) or torch's
+fused one. A mixture of experts routes tokens by their values (``nonzero``), so it runs eagerly
+between the compiled parts of its layer. The unpadded stacks (``accel.unpad_stacks``) keep
 skipping a padded batch's padding: their layers take the real rows, (1, T, D), and attention
 over those packed rows runs eagerly between the layer's compiled parts (a graph break), where
-attnkit's kernel takes them as they lie. T changes from batch to batch, so it is marked
-dynamic: one compile serves every batch. (Before, the stacks ran the padded batch inside the
-block, and mt-small's compiled step took the padded stacks' time, 1.14x the eager unpadded
-one: bench/history/.)
+attnkit's kernel takes them as they lie. T changes from batch to batch, so it is marked dynamic:
+one compile serves every batch. (Before, the stacks ran the padded batch inside the block, and
+mt-small's compiled step took the padded stacks' time, 1.14x the eager unpadded one:
+bench/history/.)
 
 Why layers and not the whole model: every layer of a stack runs the same code, so Dynamo
 traces one layer, and the compiled code serves all of them (the weights are its inputs, not

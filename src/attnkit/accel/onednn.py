@@ -4,8 +4,9 @@ torch sends float32 CPU matrix products to MKL, whose CPU dispatch gives non-Int
 slower code paths on some processors; oneDNN chooses its kernels by the instruction set alone.
 How much this gains depends on the processor (bench/history/): measure it before relying on it.
 
-``onednn_products()`` is a torch function mode: inside it every ``torch.nn.functional.linear``
-(every ``nn.Linear`` and every slice of a weight, the cross-attention's included) whose
+``use_onednn_products(model)`` is a module swap: every ``nn.Linear`` of the model becomes a
+:class:`OneDNNLinear` over the same parameters, whose products (its ``forward``, and the slices of
+its rows that cross-attention applies alone, ``rows``) go through :func:`linear`: a product whose
 operands are float32 CPU tensors with at least a few rows runs through oneDNN, forward, dL/dx and
 dL/dW alike; everything else (other dtypes, autocast, other devices, single rows) runs as usual.
 Strict float32 throughout. The oneDNN path differentiates once (no second derivatives).
@@ -34,16 +35,15 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.overrides import TorchFunctionMode
 
+from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 
 try:
@@ -52,6 +52,7 @@ except ImportError:  # not POSIX: processes measuring at once may each write the
     fcntl = None
 
 __all__ = [
+    "OneDNNLinear",
     "bf16_products_fast",
     "describe_choice",
     "linear",
@@ -60,9 +61,9 @@ __all__ = [
     "onednn_choice",
     "onednn_linear",
     "onednn_linear_available",
-    "onednn_products",
     "register_operator",
     "use_onednn",
+    "use_onednn_products",
 ]
 
 # Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
@@ -341,21 +342,31 @@ def register_operator() -> Callable:
     return _operator
 
 
-class _Products(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return linear(x, weight, bias)
-        return func(*args, **kwargs)
+class OneDNNLinear(nn.Linear):
+    """``nn.Linear`` whose products go through :func:`linear` (oneDNN where
+    :func:`use_onednn` says so, else ``F.linear``): built by :func:`use_onednn_products` over an
+    existing layer's parameters; its state dict is the plain layer's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def rows(self, x: Tensor, rows: slice) -> Tensor:
+        """``x W[rows]^T + b[rows]``: some of the layer's output rows alone (cross-attention's
+        W^Q, or W^K and W^V, from one in_proj), through the same product."""
+        bias = None if self.bias is None else self.bias[rows]
+        return linear(x, self.weight[rows], bias)
 
 
-@contextmanager
-def onednn_products():
-    """Inside the block, float32 ``F.linear`` calls on the CPU go through oneDNN (see above)."""
-    if not (onednn_linear_available() and _enabled()):
-        yield
-        return
-    with _Products():
-        yield
+def use_onednn_products(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` (exactly that class: quantized, packed or fused
+    layers keep their own products) by a :class:`OneDNNLinear` over the same parameters;
+    returns the model. Which GEMM each product takes is still decided per call (the measured
+    choice, or ``onednn_linear(...)``/``ATTNKIT_ONEDNN_LINEAR``). ``enabled=False`` changes
+    nothing."""
+    if not enabled or not onednn_linear_available():
+        return model
+
+    def swap(module: nn.Module) -> nn.Module | None:
+        return rebuilt(OneDNNLinear, module) if type(module) is nn.Linear else None
+
+    return swap_modules(model, swap)

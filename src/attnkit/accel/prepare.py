@@ -11,9 +11,10 @@ why (the switch or environment variable that turned it off, the kernel that is m
 CPU feature that is absent). The levers themselves live in their own modules; this one only
 chooses and reports:
 
-- training: the fused LM-head loss and the unpadded stacks change the model (module swaps);
-  the attention kernel, oneDNN's float32 products and glibc's kept memory act on each step
-  (``training.config.step_context``); compiled layers are the recipe's ``train.compile``;
+- training: the fused LM-head loss, the unpadded stacks and oneDNN's float32 products change
+  the model (module swaps), and its attention layers choose the C kernel; glibc's kept memory
+  acts on the process (``training.config.step_context``); compiled layers are the recipe's
+  ``train.compile``;
 - decoding: a Llama model with packed GGUF weights steps in C; other models lay their linear
   weights out for one-row products; ``generate(compile=True)`` compiles the step.
 """
@@ -29,7 +30,12 @@ from torch import nn
 from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their switches)
 from attnkit.accel.attention import tiles_available, use_attention_kernel
 from attnkit.accel.lm_loss import fuse_lm_loss
-from attnkit.accel.onednn import describe_choice, onednn_choice, onednn_linear_available
+from attnkit.accel.onednn import (
+    describe_choice,
+    onednn_choice,
+    onednn_linear_available,
+    use_onednn_products,
+)
 from attnkit.accel.switch import switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
@@ -134,9 +140,9 @@ def levers(job: str) -> list[Lever]:
 def prepare(model: nn.Module, job: str) -> Prepared:
     """Ready ``model`` for ``job`` (``"training"`` or ``"decoding"``) and report every lever.
 
-    For training, the model's LM heads get the fused loss and its stacks the unpadded forward
-    (module swaps, in place), and its attention layers choose the C kernel for their fused
-    path; the levers that act on each step are reported as they will run.
+    For training, the model's LM heads get the fused loss, its stacks the unpadded forward and
+    its linear layers oneDNN's products where they measured faster (module swaps, in place),
+    and its attention layers choose the C kernel for their fused path.
     For decoding nothing is changed here: ``generate`` chooses its step per call.
     """
     if not isinstance(model, nn.Module):
@@ -151,5 +157,6 @@ def prepare(model: nn.Module, job: str) -> Prepared:
         model = fuse_lm_loss(model)
     if on["unpadded"]:
         model = unpad_stacks(model)
+    model = use_onednn_products(model, on["onednn-fp32"])
     use_attention_kernel(model, on["attention-kernel"])
     return Prepared(model, job, found)

@@ -238,12 +238,11 @@ def precision_context(precision: str, device: torch.device):
 
 @contextlib.contextmanager
 def step_context(precision: str, device: torch.device):
-    """What a training or evaluation forward runs under: the precision, and the speed levers
-    that act on a step (:func:`attnkit.accel.onednn_products`; and, once per process,
-    :func:`attnkit.accel.keep_freed_memory`). The attention kernel is the model's own choice
+    """What a training or evaluation forward runs under: the precision, and, once per process,
+    :func:`attnkit.accel.keep_freed_memory`. The other levers are in the model itself
     (``accel.prepare``)."""
     accel.keep_freed_memory()
-    with precision_context(precision, device), accel.onednn_products():
+    with precision_context(precision, device):
         yield
 
 
