@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 ORDER = [
     {"checks", "files", "tables"},  # foundations: no attnkit imports
-    {"config", "position", "masks", "data"},
+    {"config", "position", "masks", "varlen", "data"},
     {"caches"},  # what attention remembers between steps
     {"backends"},  # full / window / linear attention behind one signature
     {"attention"},  # scaled_dot_product_attention, MultiHeadAttention
@@ -161,3 +161,15 @@ def test_importing_attnkit_loads_no_foreign_format_reader_and_no_slow_library():
     assert "'attnkit.cli'" in cli
     for slow in ("matplotlib", "torch._dynamo", "transformers"):
         assert f"'{slow}'" not in cli, slow
+
+
+def test_the_model_code_asks_about_the_compiler_in_one_place():
+    """Outside ``accel`` (the levers), only ``checks.tracing()`` asks whether torch.compile is
+    tracing; the model files call it."""
+    asking = sorted(
+        str(path.relative_to(SRC))
+        for path in (SRC / "attnkit").rglob("*.py")
+        if "is_compiling" in path.read_text(encoding="utf-8")
+        and "accel" not in path.relative_to(SRC).parts
+    )
+    assert asking == ["attnkit/checks.py"], asking

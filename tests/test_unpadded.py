@@ -1,6 +1,7 @@
-"""The unpadded stacks (``accel/unpadded.py``) and packed attention (``attention.c``'s packed
-sequences): packed attention against torch's math over the padded batch in float64 (a property
-over lengths, holes, heads and widths), and every family's loss and gradients with the stacks
+"""The unpadded stacks (``accel/unpadded.py``), ``MultiHeadAttention(rows=...)`` and packed
+attention (``attention.c``'s packed sequences): packed attention against torch's math over the
+padded batch in float64 (a property over lengths, holes, heads and widths), attention over
+packed rows against the padded call, and every family's loss and gradients with the stacks
 unpadded against the same model padded, on the packed kernel and on the scatter path."""
 
 import copy
@@ -15,13 +16,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnkit as ak
 from attnkit import accel
 from attnkit.accel.attention import (
-    Sequences,
     attention_kernel,
     packed_attention,
     packed_self_attention,
     takes_packed,
 )
-from attnkit.accel.unpadded import UnpaddedAttention, UnpaddedDecoder, UnpaddedEncoder
+from attnkit.accel.unpadded import UnpaddedDecoder, UnpaddedEncoder
+from attnkit.attention import MultiHeadAttention
+from attnkit.varlen import Sequences
 
 
 def padded_reference(q, k, v, real_q, real_k, causal):
@@ -100,6 +102,41 @@ def test_packed_attention_equals_padded_attention(
         torch.testing.assert_close(a.double(), pack(w, r), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "attnkit"])
+@pytest.mark.parametrize("kind", ["self", "causal", "cross", "rope"])
+def test_attention_over_packed_rows_equals_the_padded_call(kind, implementation):
+    """``MultiHeadAttention(x_rows, rows=...)`` at every real row against the padded call,
+    through torch's SDPA (the scatter path) and attnkit's kernel (its packed form where it
+    applies: not with RoPE)."""
+    from attnkit.position import RotaryEmbedding
+    from attnkit.varlen import Rows
+
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(8) if kind == "rope" else None
+    attention = MultiHeadAttention(32, 4, rope=rope).eval()
+    accel.use_attention_kernel(attention, implementation == "attnkit")
+    real = torch.tensor([[1] * 7, [1] * 3 + [0] * 4, [1] * 6 + [0]], dtype=torch.bool)
+    source = torch.tensor([[1] * 4 + [0], [1] * 5, [1] + [0] * 4], dtype=torch.bool)
+    x, context = torch.randn(3, 7, 32), torch.randn(3, 5, 32)
+    cross = kind == "cross"
+    keys = source if cross else real
+    mask = keys[:, None, None, :]
+    rows, key_rows = Rows.of(real[:, None, None], x), Rows.of(source[:, None, None], context)
+    options = dict(mask=mask, is_causal=kind == "causal")
+    want = attention(x, context if cross else None, **options)
+    got = attention(
+        rows.gather(x),
+        key_rows.gather(context) if cross else None,
+        rows=rows,
+        context_rows=key_rows if cross else None,
+        **options,
+    )
+    assert got.shape == (1, int(real.sum()), 32)
+    torch.testing.assert_close(got[0], want[real], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="rows= takes x as"):
+        attention(x, rows=rows, **options)  # padded x with rows=
+
+
 def batch(cfg, b=3, n=13, left=False):
     """ids (B, N) with padding of three kinds: none, a short row, a row of padding only in the
     middle of the batch's lengths (right padding; left padding for decoder-only prompts)."""
@@ -165,7 +202,7 @@ def test_unpadded_stacks_give_the_padded_loss_and_gradients(family, variant):
     cfg = ak.ModelConfig.preset("tiny", dropout=0.0, **VARIANTS[variant])
     padded = build(family, cfg).train()
     unpadded = accel.unpad_stacks(copy.deepcopy(padded))
-    assert any(isinstance(m, UnpaddedAttention) for m in unpadded.modules())
+    assert any(isinstance(m, UnpaddedEncoder | UnpaddedDecoder) for m in unpadded.modules())
     for kernel in (True, False):
         want, got = grads_of(padded, family, cfg, kernel), grads_of(unpadded, family, cfg, kernel)
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
@@ -207,7 +244,7 @@ def test_what_keeps_the_padded_forward():
     """A mixture of experts is left as it is; attention weights come from the padded
     forward."""
     moe = accel.unpad_stacks(ak.DecoderLM(ak.ModelConfig.preset("tiny", n_experts=2)))
-    assert not any(isinstance(m, UnpaddedAttention | UnpaddedDecoder) for m in moe.modules())
+    assert not any(isinstance(m, UnpaddedEncoder | UnpaddedDecoder) for m in moe.modules())
     cfg = ak.ModelConfig.preset("tiny")
     padded = build("seq2seq", cfg).eval()
     unpadded = accel.unpad_stacks(copy.deepcopy(padded))
@@ -259,9 +296,9 @@ def test_bfloat16_autocast_steps_match(tiles, monkeypatch):
     torch.manual_seed(1)
     other = accel.unpad_stacks(ak.Transformer(cfg).train())
     packed_calls = []
-    original = UnpaddedAttention._packed
+    original = MultiHeadAttention._packed
     monkeypatch.setattr(
-        UnpaddedAttention, "_packed", lambda *a: packed_calls.append(1) or original(*a)
+        MultiHeadAttention, "_packed", lambda *a: packed_calls.append(1) or original(*a)
     )
     want_loss, want = bf16_step(padded, cfg, tiles)
     assert not packed_calls  # the padded model never packs
@@ -283,9 +320,9 @@ def test_compiled_layers_attend_over_the_real_rows_and_compile_once(monkeypatch)
     cfg = ak.ModelConfig.preset("tiny")
     model = accel.apply(build("encoder", cfg))
     calls = []
-    real_forward = UnpaddedAttention._packed
+    real_forward = MultiHeadAttention._packed
     monkeypatch.setattr(
-        UnpaddedAttention, "_packed", lambda *a: calls.append(1) or real_forward(*a)
+        MultiHeadAttention, "_packed", lambda *a: calls.append(1) or real_forward(*a)
     )
     want_loss, want = grads_of(model, "encoder", cfg)
     calls.clear()
@@ -337,13 +374,13 @@ def test_a_batch_without_padding_attends_as_packed_rows(family, norm, monkeypatc
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(3, cfg.vocab_size, (3, 12), generator=gen)
     packed_calls = []
-    original = UnpaddedAttention._packed
+    original = MultiHeadAttention._packed
 
-    def spy(self, x, context, mask, causal):
+    def spy(self, packed, x, context, rows, keys, causal):
         packed_calls.append(("cross" if context is not None else "self", causal))
-        return original(self, x, context, mask, causal)
+        return original(self, packed, x, context, rows, keys, causal)
 
-    monkeypatch.setattr(UnpaddedAttention, "_packed", spy)
+    monkeypatch.setattr(MultiHeadAttention, "_packed", spy)
     results, cats = [], []
     for model in (plain, packed):
         accel.use_attention_kernel(model)

@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import checks
-from attnkit.backends import BACKENDS, attend
+from attnkit.backends import BACKENDS, PACKED, attend
 from attnkit.caches import Keys, KVCache
 from attnkit.masks import causal_mask, padding_mask
 from attnkit.position import ALiBi, RotaryEmbedding
+from attnkit.varlen import Rows
 
 __all__ = [
     "KVCache",
@@ -152,6 +153,8 @@ class MultiHeadAttention(nn.Module):
         context_positions: Tensor | None = None,
         cache=None,
         return_weights: bool = False,
+        rows: Rows | None = None,
+        context_rows: Rows | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from x (B, N, d_model) to itself, or to ``context`` (B, M, d_model).
 
@@ -166,7 +169,17 @@ class MultiHeadAttention(nn.Module):
             cache: self-attention adds this step's keys and values to it and attends over what
                 it returns; cross-attention fills it once and then reuses it.
             return_weights: also return the attention weights (B, H, N, M).
+            rows: x is (1, T, d_model), the real rows of a padded (B, N) batch that ``rows``
+                describes (the variable-length layout, ``attnkit.varlen``), and so is the
+                output; ``mask`` and ``positions`` are still the padded batch's.
+                ``context_rows`` describes the context's rows likewise (cross-attention).
         """
+        if rows is not None:
+            return self._varlen(
+                x, context, rows, context_rows, mask=mask, is_causal=is_causal,
+                positions=positions, context_positions=context_positions,
+                cache=cache, return_weights=return_weights,
+            )  # fmt: skip
         self._check(x, context, mask, positions, context_positions)
         b, n, _ = x.shape
         cross = context is not None
@@ -183,6 +196,71 @@ class MultiHeadAttention(nn.Module):
         )  # fmt: skip
         out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))  # Concat(heads) W^O
         return (out, weights) if return_weights else out
+
+    def _varlen(self, x, context, rows, context_rows, *, mask, is_causal, positions,
+                context_positions, cache, return_weights) -> Tensor:  # fmt: skip
+        """:meth:`forward` over packed real rows x (1, T, D) (context (1, T_src, D)).
+
+        Where the layer's fused kernel has a variable-length form (``backends.PACKED``) that
+        takes these rows, and the attention is the plain softmax over equal heads, each
+        sequence attends to its own rows as they lie (no padding computed). Otherwise q, k and
+        v are scattered into the padded (B, H, N, d) layout (zeros at the padding), attention
+        runs as usual with the batch's mask, and its output's real rows are gathered again.
+        """
+        cross = context is not None
+        keys = context_rows if cross else rows
+        if cache is not None or return_weights or keys is None or x.dim() != 3 or x.shape[0] != 1:
+            raise ValueError(
+                "rows= takes x as (1, T, d_model) packed rows (and context_rows= with a "
+                "context), with no cache and no attention weights"
+            )
+        packed = PACKED.get(self.attn_implementation)
+        longest = max(rows.sequences.longest, keys.sequences.longest)
+        if packed is not None and self._plain_softmax() and packed.takes(x, longest):
+            return self._packed(packed, x, context, rows, keys, is_causal)
+        if cross:  # (B, H, N, d) and twice (B, H_kv, M, d), zeros at the padding
+            q, k, v = self.heads(
+                rows.scatter(self._project_q(x)), keys.scatter(self._project_kv(context))
+            )
+        else:
+            q, k, v = self.heads(rows.scatter(self.in_proj(x)))
+        b, n = rows.batch, rows.length
+        if not cross:
+            positions = self._positions(positions, b, n, None, x.device)
+        out, _ = self.attend(
+            q, k, v, mask=mask, is_causal=is_causal, positions=positions,
+            context_positions=context_positions, cross=cross, cache=None, return_weights=False,
+        )  # fmt: skip
+        heads = out.transpose(1, 2).reshape(b, n, self.d_model)  # Concat(heads), (B, N, D)
+        return self.out_proj(rows.gather(heads))  # (1, T, D)
+
+    def _plain_softmax(self) -> bool:
+        """Whether this layer's attention is what a packed kernel computes: full softmax
+        attention, no RoPE or ALiBi, as many key/value heads as query heads, no dropout."""
+        return (
+            self.attention == "full"
+            and self.rope is None
+            and self.alibi is None
+            and self.n_kv_heads == self.n_heads
+            and (self.dropout == 0.0 or not self.training)
+        )
+
+    def _packed(self, packed, x: Tensor, context: Tensor | None, rows: Rows, keys: Rows,
+                causal: bool) -> Tensor:  # fmt: skip
+        """Attention over packed rows by ``packed`` (a ``backends.PackedAttention``): x
+        (1, T, D) (context (1, T_src, D)) -> (1, T, D). The projections come out as the kernel
+        reads them, [Q, K, V] as (T, 3, H, d), so its gradient comes back as one tensor."""
+        heads = (self.n_heads, self.d_head)
+        # squeeze(0), not x[0]: a view whose gradient is one too, where indexing's backward
+        # writes the gradient into a new zero-filled (1, T, D) tensor, two passes a layer
+        if context is None:
+            qkv = self.in_proj(x.squeeze(0)).unflatten(-1, (3, *heads))  # (T, 3, H, d)
+            out = packed.self_attention(qkv, rows.sequences, causal=causal)  # (T, H, d)
+        else:
+            q = self._project_q(x.squeeze(0)).unflatten(-1, heads)  # (T, H, d)
+            kv = self._project_kv(context.squeeze(0)).unflatten(-1, (2, *heads))
+            out = packed.attention(q, kv, rows.sequences, keys.sequences, causal=causal)
+        return self.out_proj(out.flatten(1))[None]  # Concat(heads) W^O, (1, T, D)
 
     def attend(
         self,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,9 @@ from attnkit.position import ALiBi
 __all__ = [
     "BACKENDS",
     "FUSED",
+    "PACKED",
     "LinearAttentionState",
+    "PackedAttention",
     "attend",
     "feature_map",
     "full_attention",
@@ -72,11 +75,35 @@ __all__ = [
 FUSED: dict[str, Callable] = {}
 
 
-def register_fused(name: str, function: Callable) -> None:
-    """Make ``function`` the fused kernel called ``name`` (see ``FUSED``)."""
+class PackedAttention(NamedTuple):
+    """A fused kernel's variable-length form (FlashAttention's varlen API): softmax attention
+    with scale 1/sqrt(d) within each of B sequences packed into rows (``varlen.Sequences``),
+    H query and H key/value heads, no dropout.
+
+    - ``takes(x, longest)``: whether it takes rows like x (their dtype, device, size) in
+      sequences of at most ``longest``;
+    - ``self_attention(qkv, sequences, causal=...)``: qkv (T, 3, H, d) -> (T, H, d);
+    - ``attention(q, kv, queries, keys, causal=...)``: q (T, H, d), kv (T_k, 2, H, d) ->
+      (T, H, d), each query's sequence b attending to the keys' sequence b.
+    """
+
+    takes: Callable
+    self_attention: Callable
+    attention: Callable
+
+
+# The fused kernels that also take packed rows, by the same names (torch's "sdpa" does not).
+PACKED: dict[str, PackedAttention] = {}
+
+
+def register_fused(name: str, function: Callable, packed: PackedAttention | None = None) -> None:
+    """Make ``function`` the fused kernel called ``name`` (see ``FUSED``), and ``packed`` its
+    variable-length form (``PACKED``), if it has one."""
     if not isinstance(name, str) or not name or name == "sdpa":
         raise ValueError(f"register_fused: name must be a new non-empty name, got {name!r}")
     FUSED[name] = function
+    if packed is not None:
+        PACKED[name] = packed
 
 
 def fused_names() -> tuple[str, ...]:

@@ -23,7 +23,17 @@ __all__ = [
     "positive_int",
     "targets",
     "token_ids",
+    "tracing",
 ]
+
+
+def tracing() -> bool:
+    """Whether ``torch.compile`` is tracing the code that asks: the one place the model code
+    knows about the compiler (a test holds it to this). A check that reads a tensor's values
+    (is any position out of range, is anything padded) would split the traced graph in two, so
+    such checks are skipped while tracing; ``generate`` checks its inputs before a compiled
+    step runs."""
+    return torch.compiler.is_compiling()
 
 
 def is_int(value: Any) -> bool:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnkit.attention import MultiHeadAttention
 from attnkit.config import ModelConfig
 from attnkit.position import ALiBi, RotaryEmbedding
+from attnkit.varlen import Rows
 
 __all__ = [
     "DecoderLayer",
@@ -186,12 +187,15 @@ class EncoderLayer(nn.Module):
         mask: Tensor | None = None,
         positions: Tensor | None = None,
         return_weights: bool = False,
+        rows: Rows | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, N, D), mask broadcastable to (B, H, N, N) (True = may attend).
+        """x (B, N, D), mask broadcastable to (B, H, N, N) (True = may attend); or, with
+        ``rows``, x (1, T, D) the real rows of a padded batch (``attnkit.varlen``), which only
+        attention needs to know.
 
         Returns (x, self-attention weights (B, H, N, N) or None).
         """
-        kw = dict(mask=mask, positions=positions)
+        kw = dict(mask=mask, positions=positions, rows=rows)
         if self.pre_norm:  # x + Sublayer(LN(x))
             a, weights = _attend(self.self_attn, self.norm1(x), return_weights, **kw)
             x = x + self.dropout(a)
@@ -248,10 +252,14 @@ class DecoderLayer(nn.Module):
         cache=None,
         cross_cache=None,
         return_weights: bool = False,
+        rows: Rows | None = None,
+        memory_rows: Rows | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, N, D); memory (B, M, D), the encoder output (needed iff the layer has
         cross-attention). The self-attention is causal (bottom-right aligned with a cache);
-        ``self_mask`` adds key padding; ``memory_mask`` masks the source's padding.
+        ``self_mask`` adds key padding; ``memory_mask`` masks the source's padding. With
+        ``rows`` (and ``memory_rows``), x (and memory) are the real rows of padded batches,
+        (1, T, D) (``attnkit.varlen``).
 
         Returns (x, self-attention weights, cross-attention weights), weights None unless asked.
         """
@@ -260,8 +268,10 @@ class DecoderLayer(nn.Module):
                 "DecoderLayer: memory (the encoder output) must be given exactly when the layer "
                 f"has cross-attention (cross_attention={self.cross_attn is not None})"
             )
-        masked = dict(mask=self_mask, is_causal=True, positions=positions, cache=cache)
-        cross = dict(context=memory, mask=memory_mask, cache=cross_cache)
+        masked = dict(mask=self_mask, is_causal=True, positions=positions, cache=cache, rows=rows)
+        cross = dict(
+            context=memory, mask=memory_mask, cache=cross_cache, rows=rows, context_rows=memory_rows
+        )
         cross_weights = None
         if self.pre_norm:  # x + Sublayer(LN(x))
             a, self_weights = _attend(self.self_attn, self.norm1(x), return_weights, **masked)

@@ -58,7 +58,7 @@ def _positions(mask: Tensor | None, n: int, past: int, device: torch.device) -> 
 def _key_mask(mask: Tensor | None) -> Tensor | None:
     """(B, M) real-token mask -> (B, 1, 1, M) attention mask; None when nothing is padding (the
     fused kernel's fastest path), except in ``torch.compile``: reading it would split the graph."""
-    if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
+    if mask is None or (not checks.tracing() and bool(mask.all())):
         return None
     return mask[:, None, None, :]
 

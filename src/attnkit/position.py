@@ -40,7 +40,7 @@ def _check_positions(owner: str, positions: Tensor, max_len: int | None = None) 
         raise TypeError(f"{owner}: positions must be integer ids, got dtype {positions.dtype}")
     # Compiled decoding: generate checked the positions first, and reading them here would
     # split the compiled graph in two.
-    if max_len is None or positions.numel() == 0 or torch.compiler.is_compiling():
+    if max_len is None or positions.numel() == 0 or checks.tracing():
         return
     low, high = int(positions.min()), int(positions.max())
     if low < 0:

@@ -76,7 +76,8 @@ def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> No
     (directory / CONFIG_FILE).write_text(
         json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
     )
-    save_model(model, str(directory / WEIGHTS_FILE))
+    # force_contiguous: a weight laid out for decoding (accel.prepare) is saved as (out, in)
+    save_model(model, str(directory / WEIGHTS_FILE), force_contiguous=True)
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
 

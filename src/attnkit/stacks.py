@@ -74,10 +74,14 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg) if cfg.norm == "pre" else None
 
-    def forward(self, x, *, mask=None, positions=None, return_attention=False):
+    def forward(self, x, *, mask=None, positions=None, return_attention=False, rows=None):
+        """x (B, N, D), or with ``rows`` (``attnkit.varlen.Rows``) the real rows (1, T, D)
+        of a padded batch; returns (x, each layer's attention weights or None)."""
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, mask=mask, positions=positions, return_weights=return_attention)
+            x, weights = layer(
+                x, mask=mask, positions=positions, return_weights=return_attention, rows=rows
+            )
             attentions.append(weights)
         if self.norm is not None:
             x = self.norm(x)
@@ -152,7 +156,12 @@ class Decoder(nn.Module):
         positions=None,
         cache: DecoderCache | None = None,
         return_attention=False,
+        rows=None,
+        memory_rows=None,
     ):
+        """x (B, N, D) and memory (B, M, D), or with ``rows`` (and ``memory_rows``) their real
+        rows (1, T, D) (``attnkit.varlen.Rows``); returns (x, self- and cross-attention
+        weights per layer, None unless asked)."""
         self_attentions, cross_attentions = [], []
         for i, layer in enumerate(self.layers):
             x, self_w, cross_w = layer(
@@ -166,6 +175,8 @@ class Decoder(nn.Module):
                 if cache is None or cache.cross_attn is None
                 else cache.cross_attn[i],
                 return_weights=return_attention,
+                rows=rows,
+                memory_rows=memory_rows,
             )
             self_attentions.append(self_w)
             cross_attentions.append(cross_w)

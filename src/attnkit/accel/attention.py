@@ -10,7 +10,10 @@ many key and value heads as query heads, no mask or a boolean key-padding mask o
 (B, 1, 1, M), with or without the causal flag (a decoder's self-attention has both, handed over
 unmerged). Everything else goes to torch as usual; and inside a graph that
 ``torch.compile`` builds for training (``accel.compiled_layers``) the kernel is the registered
-operator ``attnkit::attention`` (:func:`register_operator`), one opaque call.
+operator ``attnkit::attention`` (:func:`register_operator`), one opaque call. Its
+variable-length form (:func:`packed_attention`, :func:`packed_self_attention`: the real rows of
+a padded batch, sequence after sequence, ``attnkit.varlen``) is registered under the same name
+in ``backends.PACKED``, where ``MultiHeadAttention`` finds it when called with ``rows=``.
 
 Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention runs near 40
 GFLOP/s in float32 and slower still in bf16, so attention became the largest cost of a bf16
@@ -28,8 +31,6 @@ the products that take them, as FlashAttention's bf16 kernels do (``attention_ti
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -40,6 +41,7 @@ from attnkit import backends
 from attnkit.accel import native
 from attnkit.accel.switch import Switch
 from attnkit.attention import MultiHeadAttention
+from attnkit.varlen import Sequences
 
 __all__ = [
     "FUSED_NAME", "Sequences", "attention", "attention_kernel", "attention_tiles", "kernel",
@@ -98,22 +100,6 @@ def _like_heads(t: Tensor) -> Tensor:
 def _check(status: int, where: str) -> None:
     if status != 0:
         raise RuntimeError(f"{where}: the attention kernel failed (status {status})")
-
-
-class Sequences(NamedTuple):
-    """Where B sequences lie in packed (T, ...) rows, one after another: sequence b in rows
-    ``first[b]`` to ``first[b] + lengths[b] - 1``; ``longest`` is the largest length."""
-
-    first: Tensor  # (B,) int64
-    lengths: Tensor  # (B,) int32
-    longest: int
-
-    @classmethod
-    def of(cls, real: Tensor) -> Sequences:
-        """The real tokens of a padded batch, ``real`` (B, N) bool, packed in order."""
-        lengths = real.sum(1, dtype=torch.int32)
-        first = torch.cumsum(lengths, 0, dtype=torch.int64) - lengths
-        return cls(first, lengths, int(lengths.max()) if len(lengths) else 0)
 
 
 def _shape(q, k, valid, causal: bool, scale: float, queries=None, keys=None) -> _Shape:
@@ -378,8 +364,12 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     )  # fmt: skip
 
 
-FUSED_NAME = "attnkit"  # the kernel's name in backends.FUSED
-backends.register_fused(FUSED_NAME, attention)
+FUSED_NAME = "attnkit"  # the kernel's name in backends.FUSED (and PACKED)
+backends.register_fused(
+    FUSED_NAME,
+    attention,
+    backends.PackedAttention(takes_packed, packed_self_attention, packed_attention),
+)
 
 
 def use_attention_kernel(model: nn.Module, enabled: bool = True) -> nn.Module:

@@ -41,13 +41,15 @@ from torch import nn
 
 from attnkit.accel.attention import register_operator as register_attention
 from attnkit.accel.onednn import register_operator
-from attnkit.accel.unpadded import Unpadded
+from attnkit.attention import MultiHeadAttention
 from attnkit.layers import DecoderLayer, EncoderLayer, MoEFeedForward
 
 __all__ = ["compiled_layers", "transformer_layers"]
 
 # Each layer's compiled forward, made at its first compiled step.
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each attention layer's forward that runs packed rows eagerly (_eager_over_rows).
+_EAGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
@@ -80,12 +82,37 @@ def _rows_any_length(compiled):
     would compile for the first T and again, shape-generic, at the second."""
 
     def forward(x, *args, **kwargs):
-        masks = (kwargs.get("mask"), kwargs.get("self_mask"), kwargs.get("memory_mask"))
-        if any(isinstance(m, Unpadded) for m in masks):
+        if kwargs.get("rows") is not None:
             for rows in (x, args[0] if args else kwargs.get("memory")):
                 if isinstance(rows, torch.Tensor):
                     torch._dynamo.maybe_mark_dynamic(rows, 1)
         return compiled(x, *args, **kwargs)
+
+    return forward
+
+
+def _eager_over_rows(attention: MultiHeadAttention):
+    """``attention.forward``, which runs eagerly when called with packed rows (``rows=``):
+    inside a compiled layer, attention over packed rows runs between the layer's compiled parts
+    (a graph break), where the kernel takes the rows as they lie (the kernel's packed form does
+    not take traced rows: ``takes_packed``). The output's row count is marked dynamic, as the
+    layer's input is (:func:`_rows_any_length`), so that the rest of the layer compiles once
+    for any number of rows. Other calls are traced as usual."""
+    plain = attention.forward
+
+    # torch.compiler.disable, as torch's own modules write it: torch.compiler.disable imports
+    # Dynamo at once (2 s for every process that imports attnkit), torch._disable_dynamo at
+    # the first call
+    @torch._disable_dynamo
+    def eager(x, *args, **kwargs):
+        out = plain(x, *args, **kwargs)  # (1, T, D)
+        torch._dynamo.maybe_mark_dynamic(out, 1)
+        return out
+
+    def forward(x, *args, **kwargs):
+        if kwargs.get("rows") is not None:
+            return eager(x, *args, **kwargs)
+        return plain(x, *args, **kwargs)
 
     return forward
 
@@ -103,6 +130,12 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
     experts = [m for m in model.modules() if isinstance(m, MoEFeedForward)] if layers else []
     for module in experts:
         module.forward = torch.compiler.disable(module.forward)
+    attentions = [m for layer in layers for m in layer.modules()
+                  if isinstance(m, MultiHeadAttention)]  # fmt: skip
+    for module in attentions:  # the same function each time: Dynamo's guards hold
+        if module not in _EAGER:
+            _EAGER[module] = _eager_over_rows(module)
+        module.forward = _EAGER[module]
     for layer in layers:
         compiled = _COMPILED.get(layer)
         if compiled is None:
@@ -119,5 +152,5 @@ def compiled_layers(model: nn.Module, enabled: bool = True):
         with functorch_config.patch(recompute_views=bool(layers)):
             yield
     finally:
-        for module in layers + experts:
+        for module in layers + experts + attentions:
             del module.forward  # the class's forward again

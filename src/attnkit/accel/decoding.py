@@ -4,6 +4,11 @@ A decoding step is a matrix-vector product per layer. With the weight stored as 
 ``F.linear`` hands torch's GEMM the contiguous (in, out) matrix and the product streams it row
 after row (``y += x_k * W^T[k, :]``), which on the CPUs measured (bench/history/) runs faster
 than over the (out, in) layout (Hugging Face's GPT-2 stores its weights as (in, out) ``Conv1D``s).
+
+``accel.prepare(model, "decoding")`` lays a model out once (:func:`lay_out_for_decoding`), for a
+model that only decodes from then on (the server, ``attnkit generate``); ``generate`` called on
+a model nobody prepared lays it out for the call alone (:func:`decoding_layout`), so that a
+model still in training keeps its layout. A weight already laid out is left as it is.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from torch import nn
 
 from attnkit.accel.switch import Switch
 
-__all__ = ["decoding_layout", "decoding_layouts"]
+__all__ = ["decoding_layout", "decoding_layouts", "lay_out_for_decoding"]
 
 _switch = Switch("ATTNKIT_DECODING_LAYOUT")
 
@@ -23,6 +28,27 @@ def decoding_layouts(enabled: bool):
     """Turn :func:`decoding_layout` on or off inside a ``with`` block (benchmarks and tests
     compare both). The default is on; ``ATTNKIT_DECODING_LAYOUT=0`` turns it off."""
     return _switch(enabled)
+
+
+def _weights(module: nn.Module) -> list:
+    """Every ``nn.Linear`` weight of ``module`` in the (out, in) layout, a tied one once."""
+    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
+    return [w for w in weights.values() if w.dim() == 2 and w.is_contiguous()]
+
+
+def _transpose_layout(weights: list) -> None:
+    for w in weights:
+        w.data = w.data.t().contiguous().t()  # (out, in), strides (1, out)
+
+
+def lay_out_for_decoding(module: nn.Module) -> nn.Module:
+    """Store every ``nn.Linear`` weight of ``module`` as (in, out) rows from now on (the same
+    (out, in) tensor and values; see the module docstring), once, in place; returns the
+    module. Saving still writes the usual layout (``save_pretrained``); training such a model
+    works but its products run slower."""
+    if _switch.on:
+        _transpose_layout(_weights(module))
+    return module
 
 
 @contextmanager
@@ -36,13 +62,9 @@ def decoding_layout(module: nn.Module):
     if not _switch.on:
         yield
         return
-    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
-    changed = []
+    changed = _weights(module)  # none where the model was laid out already
     try:
-        for w in weights.values():  # a tied weight (LM head = embedding) once
-            if w.dim() == 2 and w.is_contiguous():
-                w.data = w.data.t().contiguous().t()  # (out, in), strides (1, out)
-                changed.append(w)
+        _transpose_layout(changed)
         yield
     finally:
         for w in changed:

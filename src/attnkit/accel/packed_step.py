@@ -35,7 +35,7 @@ from attnkit.caches import KVCache
 from attnkit.layers import DecoderLayer
 from attnkit.position import positions_from_mask
 
-__all__ = ["PackedDecoder", "packed_decoder", "packed_steps"]
+__all__ = ["PackedDecoder", "packed_decoder", "packed_steps", "why_not"]
 
 _EPS = torch.finfo(torch.float32).eps  # RMSNorm's epsilon where the norm names none
 _switch = Switch("ATTNKIT_PACKED_STEP")
@@ -47,8 +47,9 @@ def packed_steps(enabled: bool):
     return _switch(enabled)
 
 
-def _unsupported(model: nn.Module) -> str | None:
-    """Why :class:`PackedDecoder` cannot run ``model``'s steps, or None when it can."""
+def why_not(model: nn.Module) -> str | None:
+    """Why :class:`PackedDecoder` cannot run ``model``'s steps (a few words), or None when it
+    can (``generate`` puts the model in evaluation mode first)."""
     cfg = getattr(model, "cfg", None)
     if cfg is None or not hasattr(model, "decoder") or not hasattr(model, "lm_head"):
         return "not a decoder-only language model"
@@ -57,8 +58,6 @@ def _unsupported(model: nn.Module) -> str | None:
     for name, value in wanted.items():
         if getattr(cfg, name) != value:
             return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"
-    if model.training:
-        return "the model is in training mode"
     for layer in model.decoder.layers:
         if not all(isinstance(p, PackedLinear) and p.bias is None for p in _products(layer)):
             return "a layer's products are not all packed"
@@ -72,7 +71,7 @@ def _unsupported(model: nn.Module) -> str | None:
 def packed_decoder(model: nn.Module) -> PackedDecoder | None:
     """A :class:`PackedDecoder` for ``model``, or None where it cannot run its steps (or the
     lever is off)."""
-    if not _switch.on or _unsupported(model) is not None:
+    if not _switch.on or why_not(model) is not None or model.training:
         return None
     return PackedDecoder(model)
 
@@ -122,7 +121,7 @@ class PackedDecoder:
     Build it after the weights are final: it keeps their addresses."""
 
     def __init__(self, model: nn.Module) -> None:
-        reason = _unsupported(model)
+        reason = "the model is in training mode" if model.training else why_not(model)
         if reason is not None:
             raise ValueError(f"PackedDecoder: cannot run this model's steps: {reason}")
         blocks = model.decoder.layers

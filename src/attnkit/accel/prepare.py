@@ -15,8 +15,8 @@ chooses and reports:
   the model (module swaps), and its attention layers choose the C kernel; glibc's kept memory
   acts on the process (``training.config.step_context``); compiled layers are the recipe's
   ``train.compile``;
-- decoding: a Llama model with packed GGUF weights steps in C; other models lay their linear
-  weights out for one-row products; ``generate(compile=True)`` compiles the step.
+- decoding: a Llama model with packed GGUF weights steps in C; the linear weights are laid out
+  for one-row products once; ``generate(compile=True)`` compiles the step.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import nn
 
 from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their switches)
 from attnkit.accel.attention import tiles_available, use_attention_kernel
+from attnkit.accel.decoding import lay_out_for_decoding
 from attnkit.accel.lm_loss import fuse_lm_loss
 from attnkit.accel.onednn import (
     describe_choice,
@@ -119,13 +120,17 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
     return levers
 
 
-def _decoding_levers() -> list[Lever]:
+def _decoding_levers(model: nn.Module | None) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
+    packed = _kernel_lever(
+        "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama, {native.variant()} kernels"
+    )
+    if packed.on and model is not None:
+        why = packed_step.why_not(model)
+        packed = Lever("packed-step", why is None, packed.why if why is None else why)
     return [
-        _kernel_lever(
-            "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama, {native.variant()} kernels"
-        ),
-        Lever("decoding-layout", layout.on, "" if layout.on else layout.why_off),
+        packed,
+        Lever("decoding-layout", layout.on, "once, in place" if layout.on else layout.why_off),
         Lever("compiled-step", False, "generate(compile=True) asks for it"),
     ]
 
@@ -134,7 +139,7 @@ def levers(job: str) -> list[Lever]:
     """The levers :func:`prepare` would turn on for ``job`` here, with no model in hand."""
     if job not in JOBS:
         raise ValueError(f"levers: job must be one of {JOBS}, got {job!r}")
-    return _training_levers(None) if job == "training" else _decoding_levers()
+    return _training_levers(None) if job == "training" else _decoding_levers(None)
 
 
 def prepare(model: nn.Module, job: str) -> Prepared:
@@ -143,14 +148,19 @@ def prepare(model: nn.Module, job: str) -> Prepared:
     For training, the model's LM heads get the fused loss, its stacks the unpadded forward and
     its linear layers oneDNN's products where they measured faster (module swaps, in place),
     and its attention layers choose the C kernel for their fused path.
-    For decoding nothing is changed here: ``generate`` chooses its step per call.
+    For decoding, the linear weights are laid out for one-row products once, in place (so
+    that ``generate`` need not do it per call), and the packed C step is reported as it will
+    run for this model (``generate`` builds it per call).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
     if job not in JOBS:
         raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
     if job == "decoding":
-        return Prepared(model, job, _decoding_levers())
+        found = _decoding_levers(model)
+        if found[1].on:
+            lay_out_for_decoding(model)
+        return Prepared(model, job, found)
     found = _training_levers(model)
     on = {lever.name: lever.on for lever in found}
     if on["fused-loss"]:

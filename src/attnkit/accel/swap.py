@@ -20,8 +20,8 @@ __all__ = ["rebuilt", "swap_modules"]
 
 def rebuilt(cls: type[nn.Module], module: nn.Module) -> nn.Module:
     """A new ``cls`` module with ``module``'s state: ``cls`` must be a subclass of
-    ``type(module)`` that adds methods, not state (``UnpaddedAttention`` of
-    ``MultiHeadAttention``)."""
+    ``type(module)`` that adds methods, not state (``UnpaddedEncoder`` of
+    ``Encoder``)."""
     if not issubclass(cls, type(module)):
         raise TypeError(f"rebuilt: {cls.__name__} is not a subclass of {type(module).__name__}")
     new = cls.__new__(cls)

@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> None:
             raise UsageError("generate: the prompt is empty and the model has no BOS token")
         ids = [model.cfg.bos_id]
     device = to_device(model, args.device, path)
+    from attnkit import accel
+
+    accel.prepare(model, "decoding")  # the weights laid out for one-row products, once
     prompt_ids = torch.tensor([ids], device=device)
     new_tokens = args.max_new_tokens
     if new_tokens is None:  # 200, or what a table of positions leaves (none: generate says why)

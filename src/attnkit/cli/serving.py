@@ -32,6 +32,9 @@ def load_chat_model(path: str, dequantize: bool, device: str):
         raise UsageError(f"MODEL: {path} has no tokenizer to turn text into ids")
     template = chat_template_for(path)
     where = device_description(to_device(model, device, path))
+    from attnkit import accel
+
+    levers = accel.prepare(model, "decoding")  # the weights laid out once, not per request
     layers = [m for m in model.modules() if type(m).__name__ == "PackedLinear"]
     packed = sum(m.in_features * m.out_features for m in layers)
     floats = model.num_parameters()  # a packed model keeps only its norms in float32
@@ -47,6 +50,7 @@ def load_chat_model(path: str, dequantize: bool, device: str):
         file=sys.stderr,
         flush=True,
     )
+    print(levers.line(), file=sys.stderr, flush=True)
     return model, tokenizer, template
 
 
