@@ -428,3 +428,26 @@ def test_a_measured_choice_is_described_with_its_times(monkeypatch):
     assert line.startswith("float32 products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ")
     saved = {"on": True, "by": "measured", "mkl": 0.02, "onednn": 0.01}  # a benchmark's record
     assert onednn.describe_choice(saved).startswith("float32 products: oneDNN (one layer: MKL 20.0")
+
+
+def test_prepare_for_decoding_lays_weights_out_once_and_saving_still_works(tmp_path):
+    """``prepare(model, "decoding")`` stores every linear weight as (in, out) rows, in place and
+    once: generate then changes no layout, gives the unprepared model's tokens, and the saved
+    weights are the usual (out, in) tensors that load back equal."""
+    from attnkit import accel
+
+    cfg = ak.ModelConfig.preset("tiny")
+    torch.manual_seed(0)
+    plain = ak.DecoderLM(cfg).eval()
+    model = copy.deepcopy(plain)
+    report = accel.prepare(model, "decoding")
+    assert "decoding-layout on" in report.line()
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert weights and all(not w.is_contiguous() and w.t().is_contiguous() for w in weights)
+    ids = torch.randint(3, cfg.vocab_size, (2, 5))
+    assert torch.equal(model.generate(ids, 6), plain.generate(ids, 6))
+    assert all(w.t().is_contiguous() for w in weights)  # generate left the layout alone
+    model.save_pretrained(tmp_path / "m")
+    loaded = ak.from_pretrained(tmp_path / "m")
+    for name, value in plain.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name

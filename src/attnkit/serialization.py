@@ -69,6 +69,22 @@ def _family_of(model: nn.Module) -> str:
     return name
 
 
+@contextmanager
+def _contiguous(model: nn.Module):
+    """Inside the block every tensor of ``model`` is stored contiguously, as safetensors
+    writes them (a weight laid out for decoding, ``accel.prepare``, is (out, in) with strides
+    (1, out)); the layout is restored after. A tied weight stays tied."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    changed = [(t, t.data) for t in tensors.values() if not t.is_contiguous()]
+    try:
+        for t, data in changed:
+            t.data = data.contiguous()
+        yield
+    finally:
+        for t, data in changed:
+            t.data = data
+
+
 def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> None:
     """Write config.json + model.safetensors (+ tokenizer.json) into an existing directory,
     not atomically: for writers (training checkpoints) that make their own directory atomic."""
@@ -76,8 +92,8 @@ def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> No
     (directory / CONFIG_FILE).write_text(
         json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
     )
-    # force_contiguous: a weight laid out for decoding (accel.prepare) is saved as (out, in)
-    save_model(model, str(directory / WEIGHTS_FILE), force_contiguous=True)
+    with _contiguous(model):
+        save_model(model, str(directory / WEIGHTS_FILE))
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
 
