@@ -208,8 +208,8 @@ def test_training_steps_equal_with_and_without_the_kernel(family, compiled):
 
 def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
     calls = []
-    real = kernel_module._Attention.apply
-    monkeypatch.setattr(kernel_module._Attention, "apply", lambda *a: calls.append(1) or real(*a))
+    real = kernel_module._forward  # what the operator attnkit::attention runs
+    monkeypatch.setattr(kernel_module, "_forward", lambda *a: calls.append(1) or real(*a))
     q, k, v = (torch.randn(2, 4, 6, 8, requires_grad=True) for _ in range(3))
     attention(q, k, v, is_causal=True)
     assert len(calls) == 1
@@ -306,8 +306,8 @@ def test_a_layer_that_chose_the_kernel_runs_it_in_every_call_of_a_step(family, d
     a decoder's causal self-attention without padding (torch's own causal SDPA otherwise),
     cross-attention, an encoder's; in float32 and under bf16 autocast."""
     calls = []
-    real = kernel_module._Attention.apply
-    monkeypatch.setattr(kernel_module._Attention, "apply", lambda *a: calls.append(1) or real(*a))
+    real = kernel_module._forward  # what the operator attnkit::attention runs
+    monkeypatch.setattr(kernel_module, "_forward", lambda *a: calls.append(1) or real(*a))
     cfg = ak.ModelConfig.preset("tiny")
     torch.manual_seed(0)
     model = {"decoder": ak.DecoderLM, "seq2seq": ak.Transformer}.get(family)
@@ -324,3 +324,24 @@ def test_a_layer_that_chose_the_kernel_runs_it_in_every_call_of_a_step(family, d
     layers = sum(isinstance(m, ak.MultiHeadAttention) for m in model.modules())
     assert len(calls) == layers > 0
     loss.float().backward()
+
+
+def test_the_kernel_is_registered_as_torch_operators():
+    """``torch.library.opcheck`` on each operator: its schema, its fake tensor (what
+    torch.compile traces), its registered autograd, and the compiled (AOT) dispatch."""
+    from attnkit.varlen import Sequences
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=gen, requires_grad=True) for _ in range(3))
+    valid = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.uint8)
+    torch.library.opcheck(torch.ops.attnkit.attention, (q, k, v, valid, True, 0.35))
+    real = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    sequences = Sequences.of(real)
+    rows = int(real.sum())
+    qkv = torch.randn(rows, 3, 3, 8, generator=gen, requires_grad=True)
+    torch.library.opcheck(torch.ops.attnkit.packed_self_attention, (qkv, *sequences, True, 0.35))
+    kv = torch.randn(rows, 2, 3, 8, generator=gen, requires_grad=True)
+    q_rows = torch.randn(rows, 3, 8, generator=gen, requires_grad=True)
+    torch.library.opcheck(
+        torch.ops.attnkit.packed_attention, (q_rows, kv, *sequences, *sequences, False, 0.35)
+    )

@@ -5,15 +5,17 @@
 :func:`attention` is registered as the fused kernel ``"attnkit"`` of ``backends.FUSED``, and
 :func:`use_attention_kernel` (which ``accel.prepare(model, "training")`` calls) makes every
 attention layer of a model choose it. It takes the calls whose inputs need a gradient when it
-can: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout, as
-many key and value heads as query heads, no mask or a boolean key-padding mask of shape
-(B, 1, 1, M), with or without the causal flag (a decoder's self-attention has both, handed over
-unmerged). Everything else goes to torch as usual; and inside a graph that
-``torch.compile`` builds for training (``accel.compiled_layers``) the kernel is the registered
-operator ``attnkit::attention`` (:func:`register_operator`), one opaque call. Its
-variable-length form (:func:`packed_attention`, :func:`packed_self_attention`: the real rows of
-a padded batch, sequence after sequence, ``attnkit.varlen``) is registered under the same name
-in ``backends.PACKED``, where ``MultiHeadAttention`` finds it when called with ``rows=``.
+can: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout, as many
+key and value heads as query heads, no mask or a boolean key-padding mask of shape (B, 1, 1, M),
+with or without the causal flag (a decoder's self-attention has both, handed over unmerged).
+Everything else goes to torch as usual. The kernel is called as registered torch operators
+(``torch.library.custom_op``: ``attnkit::attention``, ``attnkit::packed_attention``,
+``attnkit::packed_self_attention`` and their backwards), so that autograd runs their registered
+gradients and a graph that ``torch.compile`` builds for training (``accel.compiled_layers``)
+holds one opaque call per attention. Its variable-length form (:func:`packed_attention`,
+:func:`packed_self_attention`: the real rows of a padded batch, sequence after sequence,
+``attnkit.varlen``) is registered under the same name in ``backends.PACKED``, where
+``MultiHeadAttention`` finds it when called with ``rows=``.
 
 Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention runs near 40
 GFLOP/s in float32 and slower still in bf16, so attention became the largest cost of a bf16
@@ -34,7 +36,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 from torch.profiler import record_function
 
 from attnkit import backends
@@ -123,8 +124,10 @@ def _forward(q, k, v, valid, causal: bool, scale: float, queries=None, keys=None
     """(out, lse): out laid out as the heads are (or packed as q), lse (B, H, N) float32."""
     shape = _shape(q, k, valid, causal, scale, queries, keys)
     out = _like(q, queries is not None)
-    lse = q.new_empty(q.shape[:3] if queries is None else (shape.batch, shape.heads, shape.n),
-                      dtype=torch.float32)  # fmt: skip
+    if queries is None:
+        lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    else:  # (B, H, longest): rows past a shorter sequence's end hold +inf, as rows with no key
+        lse = q.new_full((shape.batch, shape.heads, shape.n), float("inf"), dtype=torch.float32)
     with record_function("attnkit::attention_forward"):  # named in torch.profiler's tables
         status = kernel().attention_forward(
             shape, _view(q, queries), _view(k, keys), _view(v, keys), _view(out, queries),
@@ -151,66 +154,6 @@ def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float, querie
         )  # fmt: skip
     _check(status, "attention_backward")
     return dq, dk, dv
-
-
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, valid, causal, scale):
-        out, lse = _forward(q, k, v, valid, causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse, valid)
-        ctx.options = (causal, scale)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        q, k, v, out, lse, valid = ctx.saved_tensors
-        return *_backward(q, k, v, out, lse, grad, valid, *ctx.options), None, None, None
-
-
-class _PackedAttention(torch.autograd.Function):
-    """Attention from packed rows q (T, H, d) and [K, V] (T_k, 2, H, d) of one projection: the
-    keys' and values' gradient comes back as one (T_k, 2, H, d) tensor, as the projection's
-    output was, so that no split has to be joined in the backward."""
-
-    @staticmethod
-    def forward(ctx, q, kv, queries, keys, causal, scale):
-        out, lse = _forward(q, *kv.unbind(1), None, causal, scale, queries, keys)
-        ctx.save_for_backward(q, kv, out, lse)
-        ctx.options = (causal, scale, queries, keys)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        q, kv, out, lse = ctx.saved_tensors
-        causal, scale, queries, keys = ctx.options
-        dq, dkv = q.new_empty(q.shape), kv.new_empty(kv.shape)
-        _backward(q, *kv.unbind(1), out, lse, grad, None, causal, scale, queries, keys,
-                  into=(dq, *dkv.unbind(1)))  # fmt: skip
-        return dq, dkv, None, None, None, None
-
-
-class _PackedSelfAttention(torch.autograd.Function):
-    """Self-attention from one projection's packed rows [Q, K, V] (T, 3, H, d): the gradient
-    comes back as one (T, 3, H, d) tensor (as in :class:`_PackedAttention`)."""
-
-    @staticmethod
-    def forward(ctx, qkv, sequences, causal, scale):
-        out, lse = _forward(*qkv.unbind(1), None, causal, scale, sequences, sequences)
-        ctx.save_for_backward(qkv, out, lse)
-        ctx.options = (causal, scale, sequences)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        qkv, out, lse = ctx.saved_tensors
-        causal, scale, sequences = ctx.options
-        dqkv = qkv.new_empty(qkv.shape)
-        _backward(*qkv.unbind(1), out, lse, grad, None, causal, scale, sequences, sequences,
-                  into=dqkv.unbind(1))  # fmt: skip
-        return dqkv, None, None, None
 
 
 def _tiled() -> bool:
@@ -247,7 +190,7 @@ def packed_attention(
     (T, H, d); a query of a sequence with no keys gets zeros. The caller checks
     :func:`takes_packed` first."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _PackedAttention.apply(q, kv, queries, keys, bool(causal), scale)
+    return torch.ops.attnkit.packed_attention(q, kv, *queries, *keys, bool(causal), scale)[0]
 
 
 def packed_self_attention(
@@ -256,54 +199,162 @@ def packed_self_attention(
     """:func:`packed_attention` of a self-attention layer, from its projection's packed rows
     ``qkv`` (T, 3, H, d), q, k and v in that order. Returns (T, H, d)."""
     scale = qkv.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _PackedSelfAttention.apply(qkv, sequences, bool(causal), scale)
+    return torch.ops.attnkit.packed_self_attention(qkv, *sequences, bool(causal), scale)[0]
 
 
-_operator = None  # attnkit::attention once registered
+# The kernel as torch operators (torch.library.custom_op, with their fake tensors for
+# torch.compile and their gradients): eager calls and compiled graphs both see one opaque
+# operator per attention, and autograd its registered backward. Registering costs a few
+# milliseconds and needs no kernel; calling one without the kernel raises.
+
+
+@torch.library.custom_op("attnkit::attention", mutates_args=())
+def _attention_op(
+    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, causal: bool, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) of (B, H, N, d) heads; ``valid`` (B, M) uint8 key padding or None."""
+    return _forward(q, k, v, valid, causal, scale)
+
+
+@_attention_op.register_fake
+def _(q, k, v, valid, causal, scale):
+    return _like_heads(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("attnkit::attention_backward", mutates_args=())
+def _attention_backward_op(
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad: Tensor,
+    valid: Tensor | None, causal: bool, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    return _backward(q, k, v, out, lse, grad, valid, causal, scale)
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, out, lse, grad, valid, causal, scale):
+    return _like_heads(q), _like_heads(k), _like_heads(v)
+
+
+def _attention_context(ctx, inputs, output) -> None:
+    q, k, v, valid, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, *output, valid)
+    ctx.options = (causal, scale)
+
+
+def _attention_gradient(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, valid = ctx.saved_tensors
+    grads = _attention_backward_op(q, k, v, out, lse, grad_out, valid, *ctx.options)
+    return *grads, None, None, None
+
+
+_attention_op.register_autograd(_attention_gradient, setup_context=_attention_context)
+
+
+@torch.library.custom_op("attnkit::packed_attention", mutates_args=())
+def _packed_op(
+    q: Tensor, kv: Tensor, q_first: Tensor, q_lengths: Tensor, q_longest: int,
+    k_first: Tensor, k_lengths: Tensor, k_longest: int, causal: bool, scale: float,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(out (T, H, d), lse) from packed q (T, H, d) and [K, V] (T_k, 2, H, d), the sequences
+    given as :class:`Sequences`' fields."""
+    queries = Sequences(q_first, q_lengths, q_longest)
+    keys = Sequences(k_first, k_lengths, k_longest)
+    return _forward(q, *kv.unbind(1), None, causal, scale, queries, keys)
+
+
+@_packed_op.register_fake
+def _(q, kv, q_first, q_lengths, q_longest, k_first, k_lengths, k_longest, causal, scale):
+    lse = q.new_empty(q_first.shape[0], q.shape[1], q_longest, dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
+@torch.library.custom_op("attnkit::packed_attention_backward", mutates_args=())
+def _packed_backward_op(
+    q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, grad: Tensor, q_first: Tensor,
+    q_lengths: Tensor, q_longest: int, k_first: Tensor, k_lengths: Tensor, k_longest: int,
+    causal: bool, scale: float,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(dq, dkv): the keys' and values' gradient as one (T_k, 2, H, d) tensor, as the
+    projection's output was, so that no split has to be joined in the backward."""
+    queries = Sequences(q_first, q_lengths, q_longest)
+    keys = Sequences(k_first, k_lengths, k_longest)
+    dq, dkv = q.new_empty(q.shape), kv.new_empty(kv.shape)
+    _backward(q, *kv.unbind(1), out, lse, grad, None, causal, scale, queries, keys,
+              into=(dq, *dkv.unbind(1)))  # fmt: skip
+    return dq, dkv
+
+
+@_packed_backward_op.register_fake
+def _(q, kv, out, lse, grad, *rest):
+    return q.new_empty(q.shape), kv.new_empty(kv.shape)
+
+
+def _packed_context(ctx, inputs, output) -> None:
+    q, kv, *sequences, causal, scale = inputs
+    ctx.save_for_backward(q, kv, *output)
+    ctx.options = (*sequences, causal, scale)
+
+
+def _packed_gradient(ctx, grad_out, grad_lse):
+    q, kv, out, lse = ctx.saved_tensors
+    dq, dkv = _packed_backward_op(q, kv, out, lse, grad_out, *ctx.options)
+    return dq, dkv, *([None] * 8)
+
+
+_packed_op.register_autograd(_packed_gradient, setup_context=_packed_context)
+
+
+@torch.library.custom_op("attnkit::packed_self_attention", mutates_args=())
+def _packed_self_op(
+    qkv: Tensor, first: Tensor, lengths: Tensor, longest: int, causal: bool, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(out (T, H, d), lse) of self-attention from one projection's packed rows [Q, K, V]
+    (T, 3, H, d)."""
+    sequences = Sequences(first, lengths, longest)
+    return _forward(*qkv.unbind(1), None, causal, scale, sequences, sequences)
+
+
+@_packed_self_op.register_fake
+def _(qkv, first, lengths, longest, causal, scale):
+    t, _, h, d = qkv.shape
+    return qkv.new_empty(t, h, d), qkv.new_empty(first.shape[0], h, longest, dtype=torch.float32)
+
+
+@torch.library.custom_op("attnkit::packed_self_attention_backward", mutates_args=())
+def _packed_self_backward_op(
+    qkv: Tensor, out: Tensor, lse: Tensor, grad: Tensor, first: Tensor, lengths: Tensor,
+    longest: int, causal: bool, scale: float,
+) -> Tensor:  # fmt: skip
+    """dqkv, one (T, 3, H, d) tensor (see :func:`_packed_backward_op`)."""
+    sequences = Sequences(first, lengths, longest)
+    dqkv = qkv.new_empty(qkv.shape)
+    _backward(*qkv.unbind(1), out, lse, grad, None, causal, scale, sequences, sequences,
+              into=dqkv.unbind(1))  # fmt: skip
+    return dqkv
+
+
+@_packed_self_backward_op.register_fake
+def _(qkv, *rest):
+    return qkv.new_empty(qkv.shape)
+
+
+def _packed_self_context(ctx, inputs, output) -> None:
+    qkv, *sequences, causal, scale = inputs
+    ctx.save_for_backward(qkv, *output)
+    ctx.options = (*sequences, causal, scale)
+
+
+def _packed_self_gradient(ctx, grad_out, grad_lse):
+    qkv, out, lse = ctx.saved_tensors
+    return _packed_self_backward_op(qkv, out, lse, grad_out, *ctx.options), *([None] * 5)
+
+
+_packed_self_op.register_autograd(_packed_self_gradient, setup_context=_packed_self_context)
 
 
 def register_operator():
-    """Register the kernel, with its gradient, as ``torch.ops.attnkit.attention`` (once;
-    returns it; None where the kernel cannot be built), so that a graph compiled for training
-    (``accel.compiled_layers``) keeps attention in the kernel as one opaque call. Not at import
-    (it imports torch's compiler)."""
-    global _operator
-    if _operator is None and kernel() is not None:
-
-        @torch.library.custom_op("attnkit::attention", mutates_args=())
-        def attention_op(
-            q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, causal: bool, scale: float
-        ) -> tuple[Tensor, Tensor]:
-            return _forward(q, k, v, valid, causal, scale)
-
-        @attention_op.register_fake
-        def _(q, k, v, valid, causal, scale):
-            return _like_heads(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-        @torch.library.custom_op("attnkit::attention_backward", mutates_args=())
-        def backward_op(
-            q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad: Tensor,
-            valid: Tensor | None, causal: bool, scale: float,
-        ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-            return _backward(q, k, v, out, lse, grad, valid, causal, scale)
-
-        @backward_op.register_fake
-        def _(q, k, v, out, lse, grad, valid, causal, scale):
-            return _like_heads(q), _like_heads(k), _like_heads(v)
-
-        def setup_context(ctx, inputs, output) -> None:
-            q, k, v, valid, causal, scale = inputs
-            ctx.save_for_backward(q, k, v, *output, valid)
-            ctx.options = (causal, scale)
-
-        def backward(ctx, grad_out, grad_lse):
-            q, k, v, out, lse, valid = ctx.saved_tensors
-            grads = backward_op(q, k, v, out, lse, grad_out, valid, *ctx.options)
-            return *grads, None, None, None
-
-        attention_op.register_autograd(backward, setup_context=setup_context)
-        _operator = attention_op
-    return _operator
+    """``torch.ops.attnkit.attention`` (registered with this module), or None where the kernel
+    is not built (asked eagerly, so that a graph traced after it knows)."""
+    return _attention_op if _built() else None
 
 
 def _key_padding(mask: Tensor | None, b: int, m: int) -> Tensor | bool | None:
@@ -316,6 +367,18 @@ def _key_padding(mask: Tensor | None, b: int, m: int) -> Tensor | bool | None:
     if mask.shape[-1] != m or mask.shape[0] not in (1, b):
         return False
     return mask.reshape(-1, m).expand(b, m).to(torch.uint8).contiguous()
+
+
+def _built() -> bool:
+    """Whether the kernel is built and loaded; inside a graph being traced, whether it was
+    when the eager calls before asked (loading is not something Dynamo traces)."""
+    global _loaded
+    if not torch.compiler.is_compiling():
+        _loaded = kernel() is not None
+    return _loaded
+
+
+_loaded = False
 
 
 def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
@@ -336,9 +399,7 @@ def _takes(q, k, v, dropout_p, enable_gqa) -> bool:
         and not enable_gqa
         and -(-q.shape[2] // 4) * 4 * (-(-k.shape[2] // 32) * 32) <= _MAX_SCRATCH
         and all(t.stride(-1) == 1 for t in (q, k, v))
-        # in a compiled graph, the registered operator (never the build, which Dynamo cannot
-        # trace); eagerly, the kernel
-        and (_operator is not None if torch.compiler.is_compiling() else kernel() is not None)
+        and _built()
     )
 
 
@@ -352,9 +413,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         valid = _key_padding(attn_mask, q.shape[0], k.shape[2])
         if valid is not False:
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-            if torch.compiler.is_compiling():  # one opaque operator in the graph
-                return _operator(q, k, v, valid, bool(is_causal), scale)[0]
-            return _Attention.apply(q, k, v, valid, bool(is_causal), scale)
+            return _attention_op(q, k, v, valid, bool(is_causal), scale)[0]
     if is_causal and attn_mask is not None:  # torch takes one or the other: merge them
         attn_mask = backends._with_causal(attn_mask, True, q.shape[-2], k.shape[-2], q)
         is_causal = False

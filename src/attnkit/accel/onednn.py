@@ -21,10 +21,10 @@ distributed one) makes the same choice and the same arithmetic; :func:`onednn_ch
 what it is and why (:func:`describe_choice` in one line, which ``attnkit train`` prints for a
 float32 run).
 
-Inside a graph that ``torch.compile`` builds for training (``accel.compiled_layers``), the same
-products are the registered operator ``attnkit::onednn_mm`` with its gradients
-(:func:`register_operator`), one opaque call each; an inference graph (``accel.compiled_step``)
-sees ordinary linears instead.
+Each product is the registered torch operator ``attnkit::onednn_mm`` with its gradients
+(:func:`onednn_mm`): autograd runs its registered backward, and inside a graph that
+``torch.compile`` builds for training (``accel.compiled_layers``) it stays one opaque call; an
+inference graph (``accel.compiled_step``) sees ordinary linears instead.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
@@ -128,7 +127,7 @@ def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int 
     ``"faster"``: whether oneDNN beat MKL by at least 3%, the choice the default makes."""
     if not onednn_linear_available():
         return {"mkl": None, "onednn": None, "faster": False}
-    paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: _OneDNNLinear.apply(x, w, None)}
+    paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: onednn_mm(x, w, None)}
     best = dict.fromkeys(paths, float("inf"))
     # Gradients on whatever the caller has on (inference mode, no_grad, bf16 autocast).
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
@@ -224,25 +223,6 @@ def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(a, b_t, bias, "none", [], "")
 
 
-class _OneDNNLinear(torch.autograd.Function):
-    """``x W^T + b`` with the forward and both backward products in oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        x2 = x.reshape(-1, x.shape[-1])  # (T, in): every leading axis is a row
-        ctx.save_for_backward(x2, weight)
-        ctx.x_shape = x.shape
-        ctx.has_bias = bias is not None
-        return _mm(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        x2, weight = ctx.saved_tensors
-        grad_x, grad_w, grad_b = _gradients(ctx, x2, weight, grad, _mm)
-        return None if grad_x is None else grad_x.view(ctx.x_shape), grad_w, grad_b
-
-
 def _gradients(ctx, x2: Tensor, weight: Tensor, grad: Tensor, mm: Callable):
     """(dL/dx2, dL/dW, dL/db) of ``x2 W^T + b``, each None unless needed, the products by
     ``mm(a, b_t, bias)`` (:func:`_mm` or its registered operator)."""
@@ -280,22 +260,19 @@ def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         # Under torch.compile: a training graph keeps the product as the registered operator
         # (compiled layers, accel.compiled_layers); an inference graph sees an ordinary linear,
         # which Inductor's freezing packs for its own kernel (accel.compiled_step).
-        and (
-            not torch.compiler.is_compiling() or (_operator is not None and torch.is_grad_enabled())
-        )
+        and (not torch.compiler.is_compiling() or torch.is_grad_enabled())
         and onednn_linear_available()
         and _enabled()
     )
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, through oneDNN where :func:`use_onednn` says so."""
+    """``F.linear(x, weight, bias)``, through oneDNN where :func:`use_onednn` says so (the
+    operator ``attnkit::onednn_mm``, every leading axis of x a row)."""
     if not use_onednn(x, weight, bias):
         return F.linear(x, weight, bias)
-    if torch.compiler.is_compiling():  # one opaque operator in the graph, both gradients too
-        out = _operator(x.reshape(-1, x.shape[-1]), weight, bias)
-        return out.view(*x.shape[:-1], weight.shape[0])
-    return _OneDNNLinear.apply(x, weight, bias)
+    out = onednn_mm(x.reshape(-1, x.shape[-1]), weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def mm_t(a: Tensor, b_t: Tensor, out: Tensor | None = None) -> Tensor:
@@ -303,43 +280,39 @@ def mm_t(a: Tensor, b_t: Tensor, out: Tensor | None = None) -> Tensor:
     own product writes into ``out`` when one is given; oneDNN's always returns a new tensor."""
     if not use_onednn(a, b_t, None):
         return a @ b_t.t() if out is None else torch.mm(a, b_t.t(), out=out)
-    if torch.compiler.is_compiling():
-        return _operator(a, b_t, None)
-    return _mm(a, b_t)
+    return onednn_mm(a, b_t, None)
 
 
-_operator: Callable | None = None  # attnkit::onednn_mm once registered
+@torch.library.custom_op("attnkit::onednn_mm", mutates_args=())
+def onednn_mm(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
+    """``a @ b_t.T (+ bias)`` by oneDNN, as a torch operator with its gradients (both
+    products by oneDNN too): autograd runs its registered backward, and a graph compiled for
+    training (:func:`attnkit.accel.compiled_layers`) keeps each product as one opaque call while
+    Inductor fuses the work around it."""
+    return _mm(a, b_t, bias)
+
+
+@onednn_mm.register_fake
+def _(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
+    return a.new_empty(a.shape[0], b_t.shape[0])
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b_t, bias = inputs
+    ctx.save_for_backward(a, b_t)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad: Tensor):
+    return _gradients(ctx, *ctx.saved_tensors, grad, onednn_mm)
+
+
+onednn_mm.register_autograd(_backward, setup_context=_setup_context)
 
 
 def register_operator() -> Callable:
-    """Register :func:`_mm`, with its gradients, as the operator ``torch.ops.attnkit.onednn_mm``
-    (once; returns it), so that a graph compiled for training
-    (:func:`attnkit.accel.compiled_layers`) keeps each product in oneDNN as one opaque call
-    while Inductor fuses the work around it. Not at import: registering imports torch's
-    compiler (a second of start-up), and eager steps use :class:`_OneDNNLinear`, which skips
-    the operator's dispatch."""
-    global _operator
-    if _operator is None:
-
-        @torch.library.custom_op("attnkit::onednn_mm", mutates_args=())
-        def onednn_mm(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
-            return _mm(a, b_t, bias)
-
-        @onednn_mm.register_fake
-        def _(a: Tensor, b_t: Tensor, bias: Tensor | None) -> Tensor:
-            return a.new_empty(a.shape[0], b_t.shape[0])
-
-        def setup_context(ctx, inputs, output) -> None:
-            a, b_t, bias = inputs
-            ctx.save_for_backward(a, b_t)
-            ctx.has_bias = bias is not None
-
-        def backward(ctx, grad: Tensor):
-            return _gradients(ctx, *ctx.saved_tensors, grad, onednn_mm)
-
-        onednn_mm.register_autograd(backward, setup_context=setup_context)
-        _operator = onednn_mm
-    return _operator
+    """The operator ``torch.ops.attnkit.onednn_mm`` (registered with this module)."""
+    return onednn_mm
 
 
 class OneDNNLinear(nn.Linear):
