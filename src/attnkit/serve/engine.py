@@ -44,6 +44,8 @@ from torch import Tensor
 from attnkit.caches import KVCache
 from attnkit.generation import _eval_mode, lm_step, lm_stepper, sample_next
 from attnkit.serve.chat import TextStream
+from attnkit.serve.grammar import Grammars
+from attnkit.serve.prompt_cache import PromptCache
 from attnkit.stacks import DecoderCache
 
 __all__ = ["Engine", "Request"]
@@ -53,7 +55,20 @@ Sink = Callable[[dict], None]
 
 @dataclass
 class Request:
-    """What to generate. ``temperature`` 0 is greedy decoding."""
+    """What to generate. ``temperature`` 0 is greedy decoding.
+
+    - ``logprobs``: each token event carries the token's log-probability under the model
+      (``log_softmax`` of its logits, before penalties, bias and temperature) and the
+      ``logprobs`` most likely tokens with theirs; None: nothing.
+    - ``prompt_logprobs``: the done event carries the prompt's tokens with their
+      log-probabilities too (the first has none); ``max_tokens`` may then be 0.
+    - ``frequency_penalty``, ``presence_penalty``: subtracted from the logit of each token
+      already generated, times its count and once (OpenAI's penalties); ``logit_bias``:
+      {token id: added to its logit}.
+    - ``grammar``: an llguidance grammar (``Grammars.json_schema``) the reply must follow:
+      each step's logits are masked to the tokens it allows (:mod:`attnkit.serve.grammar`),
+      and the reply ends when the grammar is complete.
+    """
 
     prompt_ids: list[int]
     max_tokens: int
@@ -62,6 +77,12 @@ class Request:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     attention: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None
 
 
 def _on_cpu(logits: Tensor) -> Tensor:
@@ -69,6 +90,14 @@ def _on_cpu(logits: Tensor) -> Tensor:
     copy a step for the whole batch on a GPU; nothing on the CPU): a seed draws the same
     tokens from the same logits wherever the model runs."""
     return logits.float().cpu()
+
+
+def _top(logprobs: Tensor, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely tokens of a row of log-probabilities, [(id, logprob)]."""
+    if k <= 0:
+        return []
+    values, ids = torch.topk(logprobs, k)
+    return list(zip(ids.tolist(), values.tolist(), strict=True))
 
 
 def _error(error: Exception) -> dict:
@@ -81,7 +110,7 @@ class Job:
 
     _ids = itertools.count(1)
 
-    def __init__(self, request: Request, sink: Sink, tokenizer) -> None:
+    def __init__(self, request: Request, sink: Sink, tokenizer, grammars=None) -> None:
         self.id = f"{next(self._ids)}-{int(time.time() * 1000) % 10**9}"
         self.request, self.sink = request, sink
         self.text = TextStream(tokenizer, request.stop)
@@ -94,6 +123,11 @@ class Job:
                 request.seed if request.seed is not None else torch.seed() % 2**63
             )
         self.weights: list[Tensor] = []  # attention=True: (layers, heads, positions) per token
+        self.scores: dict | None = None  # logprobs: the last chosen token's (logprob, top)
+        self.prompt_scores: list | None = None  # prompt_logprobs: per prompt token
+        bias = request.logit_bias
+        self.bias = (torch.tensor(list(bias)), torch.tensor(list(bias.values()))) if bias else None
+        self.matcher = None if request.grammar is None else grammars.matcher(request.grammar)
 
     def cancel(self) -> None:
         """The client went away: the row is dropped at the next step."""
@@ -120,6 +154,7 @@ class Engine:
         *,
         max_batch: int = 8,
         keep_attention: int = 8,
+        prompt_cache: int = 16384,
         start: bool = True,
     ) -> None:
         if getattr(model, "family", None) != "decoder-only":
@@ -135,12 +170,15 @@ class Engine:
         self.max_batch = max_batch if all(isinstance(c, KVCache) for c in probe.self_attn) else 1
         eos = (model.cfg.eos_id, getattr(tokenizer, "eos_id", None))
         self.eos_ids = {i for i in eos if i is not None}
+        self.grammars = Grammars(tokenizer, model.cfg.vocab_size, self.eos_ids)
         self.waiting: queue.Queue[Job] = queue.Queue()
         self.jobs: list[Job] = []  # the batch's rows, in order
         self.cache: DecoderCache | None = None
         self.mask: Tensor | None = None  # (B, L) True on real tokens
         self.recordings: OrderedDict[str, dict] = OrderedDict()
         self.keep_attention = keep_attention
+        # recent prompts' prefilled caches, reused by a prompt that begins the same way
+        self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
         self.steps = 0
         self._stop = threading.Event()
         self._thread = None
@@ -157,7 +195,8 @@ class Engine:
         n = len(request.prompt_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
-        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+        least = 0 if request.prompt_logprobs else 1  # scoring a prompt alone: no new token
+        if not isinstance(request.max_tokens, int) or request.max_tokens < least:
             raise ValueError(f"max_tokens must be a positive int, got {request.max_tokens!r}")
         if n + request.max_tokens > self.context:
             raise ValueError(
@@ -174,13 +213,17 @@ class Engine:
         "finish_reason", "prompt_tokens", "completion_tokens", "text"}`` (or ``{"type":
         "error", "message"}``)."""
         self.check(request)
-        job = Job(request, sink, self.tokenizer)
+        job = Job(request, sink, self.tokenizer, self.grammars)
         self.waiting.put(job)
         return job
 
     def stats(self) -> dict:
-        """Rows being decoded, requests waiting, and the batched steps taken so far."""
-        return {"running": len(self.jobs), "waiting": self.waiting.qsize(), "steps": self.steps}
+        """Rows being decoded, requests waiting, the batched steps taken so far, and how often
+        a prompt reused a recent one's cache (and how many positions it copied)."""
+        stats = {"running": len(self.jobs), "waiting": self.waiting.qsize(), "steps": self.steps}
+        if self.prompt_cache is not None:
+            stats.update(self.prompt_cache.stats())
+        return stats
 
     def recording(self, job_id: str) -> dict | None:
         """The attention recorded for a request made with ``attention=True``."""
@@ -232,7 +275,22 @@ class Engine:
     def _prefill(self, job: Job) -> None:
         ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
         cache = self.model.new_cache(1, ids.shape[1], device=self.device)
-        logits = lm_step(self.model, ids, None, cache)  # (1, V)
+        if job.request.prompt_logprobs:
+            hidden = self.model.hidden_states(ids, None, cache)[0]  # (1, P, D)
+            job.prompt_scores = self._prompt_scores(job, hidden[0])
+            logits = self.model.lm_head(hidden[:, -1])
+            if job.request.max_tokens == 0:
+                self._finish(job, "length", ended_on_eos=False)
+                return
+        else:
+            reused, source = 0, None
+            if self.prompt_cache is not None:
+                reused, source = self.prompt_cache.lookup(job.request.prompt_ids)
+            if source is not None:  # the shared prefix's keys and values, copied
+                PromptCache.fill(cache, source, reused)
+            logits = lm_step(self.model, ids[:, reused:], None, cache)  # (1, V)
+            if self.prompt_cache is not None:
+                self.prompt_cache.store(job.request.prompt_ids, cache)
         token = self._choose(job, _on_cpu(logits)[0])
         if self._emit(job, token):
             return
@@ -257,7 +315,41 @@ class Engine:
         if done:
             self._keep([i for i in range(b) if i not in done])
 
+    def _prompt_scores(self, job: Job, hidden: Tensor, rows: int = 256) -> list:
+        """[(token id, its log-probability given the tokens before it, top)] for the prompt,
+        the first with (None, None); the LM head in chunks of ``rows`` positions, so that the
+        (P, V) logits are never held whole."""
+        ids, k = job.request.prompt_ids, job.request.logprobs or 0
+        scores = [(ids[0], None, None)]
+        for start in range(0, len(ids) - 1, rows):
+            logits = _on_cpu(self.model.lm_head(hidden[start : start + rows]))
+            logprobs = torch.log_softmax(logits, -1)  # row i: the token after position i
+            for i, row in enumerate(logprobs[: len(ids) - 1 - start]):
+                token = ids[start + i + 1]
+                scores.append((token, float(row[token]), _top(row, k)))
+        return scores
+
     def _choose(self, job: Job, logits: Tensor) -> int:
+        r = job.request
+        raw = logits
+        if job.bias is not None or (job.generated and (r.frequency_penalty or r.presence_penalty)):
+            logits = logits.clone()
+            if job.bias is not None:
+                logits[job.bias[0]] += job.bias[1]
+            if job.generated and (r.frequency_penalty or r.presence_penalty):
+                seen, counts = torch.unique(torch.tensor(job.generated), return_counts=True)
+                logits[seen] -= r.frequency_penalty * counts + r.presence_penalty
+        if job.matcher is not None:
+            logits = job.matcher.allow(logits)
+        token = self._draw(job, logits)
+        if job.matcher is not None and token not in self.eos_ids:
+            job.matcher.accept(token)
+        if r.logprobs is not None:
+            logprobs = torch.log_softmax(raw, -1)
+            job.scores = {"logprob": float(logprobs[token]), "top": _top(logprobs, r.logprobs)}
+        return token
+
+    def _draw(self, job: Job, logits: Tensor) -> int:
         r = job.request
         if r.temperature == 0:
             return int(logits.argmax())
@@ -277,28 +369,35 @@ class Engine:
             finish = "stop"
         else:
             job.generated.append(token)
-            job.sink({"type": "token", "id": token, "text": job.text.push(token)})
-            if job.text.stopped:
+            event = {"type": "token", "id": token, "text": job.text.push(token)}
+            if job.scores is not None:
+                event.update(job.scores)
+            job.sink(event)
+            if job.text.stopped or (job.matcher is not None and job.matcher.done):
                 finish = "stop"
             elif job.remaining == 0:
                 finish = "length"
         if finish is None:
             return False
+        self._finish(job, finish, ended_on_eos=token in self.eos_ids)
+        return True
+
+    def _finish(self, job: Job, finish: str, *, ended_on_eos: bool) -> None:
+        """Tell the client the request is done (the text held back for a stop string first)."""
         rest = job.text.flush()
         if rest:
             job.sink({"type": "token", "id": None, "text": rest})
-        ended_on_eos = token in self.eos_ids
-        job.sink(
-            {
-                "type": "done",
-                "finish_reason": finish,
-                "prompt_tokens": len(job.request.prompt_ids),
-                "completion_tokens": len(job.generated) + ended_on_eos,  # EOS counts, as usual
-                "text": job.text.text,
-                "id": job.id,
-            }
-        )
-        return True
+        done = {
+            "type": "done",
+            "finish_reason": finish,
+            "prompt_tokens": len(job.request.prompt_ids),
+            "completion_tokens": len(job.generated) + ended_on_eos,  # EOS counts, as usual
+            "text": job.text.text,
+            "id": job.id,
+        }
+        if job.prompt_scores is not None:
+            done["prompt_logprobs"] = job.prompt_scores
+        job.sink(done)
 
     # ---------------------------------------------------------------------------------------
     # The batch's cache: rows join (right-aligned) and leave
