@@ -301,7 +301,9 @@ def create_app(
                     if tools and event["type"] != "error":  # the call, whole, when it is done
                         if event["type"] == "done":
                             yield call_chunk(index, answers[index])
-                    elif event["type"] == "token" and (event["text"] or "logprob" in event):
+                    elif event["type"] == "token" and (
+                        event["text"] or ("logprob" in event and not (chat and event.get("eos")))
+                    ):
                         yield chunk(index, event)
                     elif event["type"] == "done":
                         yield chunk(index, None, event["finish_reason"])
@@ -393,19 +395,33 @@ def create_app(
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody):
+        text = body.text()
         ids = (
-            tokenizer.encode(body.content, add_special_tokens=body.add_special)
-            if _takes_flag(tokenizer) else tokenizer.encode(body.content)
+            tokenizer.encode(text, add_special_tokens=body.special())
+            if _takes_flag(tokenizer) else tokenizer.encode(text)
         )  # fmt: skip
         if body.with_pieces:
             return {"tokens": [{"id": i, "piece": special(i)} for i in ids]}
-        return {"tokens": ids}
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.context}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeBody):
         if any(not 0 <= t < vocab for t in body.tokens):
             raise error(400, f"tokens: token ids must be in [0, {vocab})", "tokens")
-        return {"content": tokenizer.decode(body.tokens)}
+        text = tokenizer.decode(body.tokens)
+        return {"content": text, "prompt": text}  # llama.cpp's name, and vLLM's
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's description of the tokenizer (lm-eval's remote tokenizer reads it)."""
+        return {
+            "eos_token": eos or None,
+            "bos_token": bos or None,
+            "pad_token": None,
+            "chat_template": template,
+            "model_max_length": engine.context,
+            "vocab_size": vocab,
+        }
 
     def page_request(text: str, temperature: float, max_tokens: int) -> GenerationRequest:
         """The attention page's request: ``text`` greedy (or sampled), attention recorded."""

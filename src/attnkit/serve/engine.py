@@ -367,6 +367,8 @@ class Engine:
         finish = None
         if token in self.eos_ids:
             finish = "stop"
+            if job.scores is not None:  # its logprob too: a completion lists the EOS token
+                job.sink({"type": "token", "id": token, "text": "", "eos": True, **job.scores})
         else:
             job.generated.append(token)
             event = {"type": "token", "id": token, "text": job.text.push(token)}

@@ -33,10 +33,15 @@ class Answer:
 
     tokens: list[tuple[int, float | None, list]] = field(default_factory=list)
     done: dict | None = None
+    eos: tuple | None = None  # the EOS token that ended it, with its logprob (completions list it)
 
     def add(self, event: dict) -> None:
         if event["type"] == "token" and event["id"] is not None and "logprob" in event:
-            self.tokens.append((event["id"], event["logprob"], event["top"]))
+            scored = (event["id"], event["logprob"], event["top"])
+            if event.get("eos"):
+                self.eos = scored
+            else:
+                self.tokens.append(scored)
         elif event["type"] == "done":
             self.done = event
 
@@ -98,7 +103,8 @@ def completion_choice(
     scores = None
     if logprobs is not None:
         prompt = answer.done.get("prompt_logprobs", []) if echo is not None else []
-        scores = completion_logprobs(piece, [*prompt, *answer.tokens])
+        ended = [answer.eos] if answer.eos else []
+        scores = completion_logprobs(piece, [*prompt, *answer.tokens, *ended])
     return {
         "index": index,
         "text": text if echo is None else echo + text,

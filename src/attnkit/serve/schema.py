@@ -226,11 +226,23 @@ class AttentionBody(StrictBody):
 
 
 class TokenizeBody(StrictBody):
-    """llama.cpp server's ``POST /tokenize``."""
+    """``POST /tokenize`` in llama.cpp's form (``content``, ``add_special``) or vLLM's
+    (``prompt``, ``add_special_tokens``; lm-eval's remote tokenizer sends it)."""
 
-    content: str
-    add_special: bool = False
+    content: str | None = None
+    prompt: str | None = None
+    add_special: bool | None = None
+    add_special_tokens: bool | None = None
     with_pieces: bool = False
+
+    def text(self) -> str:
+        text = self.content if self.content is not None else self.prompt
+        if text is None:
+            raise error(400, "missing field 'content' (or 'prompt')", "content")
+        return text
+
+    def special(self) -> bool:
+        return bool(self.add_special or self.add_special_tokens)
 
 
 class DetokenizeBody(StrictBody):
