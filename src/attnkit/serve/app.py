@@ -391,7 +391,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": name, "max_batch": engine.max_batch, **engine.stats()}
+        stats = {"status": "ok", "model": name, "max_batch": engine.max_batch, **engine.stats()}
+        return {**stats, "resident_mib": _resident_mib()}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody):
@@ -463,6 +464,18 @@ async def _disconnected(http: HTTPRequest) -> None:
     next ASGI message is ``http.disconnect`` (sent when the connection closes)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+def _resident_mib() -> float | None:
+    """The server's resident memory in MiB (Linux's /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _sse(data: dict) -> str:
