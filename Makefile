@@ -94,6 +94,7 @@ bench: $(KERNELS)
 	# llama.cpp, the reference for GGUF on a CPU: built from its sdist once (about 10 minutes on
 	# 2 cores); pip keeps the built wheel in its cache, so a new .venv installs it at once.
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/pip install llama-cpp-python==0.3.36
+	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || $(BIN)/pip install "llama-cpp-python[server]==0.3.36"
 	# transformers reads a GGUF file only with accelerate installed (the Hugging Face column).
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/pip install accelerate==1.15.0 psutil==7.2.2
 	$(BIN)/python bench/gguf_kernel.py
@@ -101,6 +102,7 @@ bench: $(KERNELS)
 	$(BIN)/python bench/gguf_decode.py
 	$(BIN)/python bench/gguf_profile.py
 	$(BIN)/python bench/gguf_agreement.py
+	$(BIN)/python bench/serve_vs_llamacpp.py
 	$(BIN)/python bench/quantize_cost.py
 
 clean:
