@@ -9,7 +9,9 @@ in flight as rows of one batch. Prints completion tokens per second over the who
 mean time to the first streamed token, the median and 99th-percentile time of a whole request,
 and whether every answer equals the one-client answer.
 
-With ``--prompt-cache``, it measures prompt caching instead: the eight questions after one long
+With ``--llamacpp``, the same load then goes to llama-cpp-python's server on the same GGUF file
+(``llama-cpp-python[server]``; it answers one request at a time). With ``--prompt-cache``, it
+measures prompt caching instead: the eight questions after one long
 system prompt (about 1,000 tokens), one after another, against a server with the cache (the
 default) and one started with ``--prompt-cache 0``; the mean time to the first token of each.
 
@@ -91,13 +93,16 @@ def one(
         stream=True,
         stream_options={"include_usage": True},
     )
+    chunks = 0
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter() - start
             text.append(chunk.choices[0].delta.content)
+            chunks += 1
         if chunk.usage:
             usage = chunk.usage.completion_tokens
-    return "".join(text), usage, first or 0.0, time.perf_counter() - start
+    # a server that sends no usage (llama-cpp-python's): one streamed chunk per token
+    return "".join(text), usage or chunks, first or 0.0, time.perf_counter() - start
 
 
 def prompt_cache(max_tokens: int) -> None:
@@ -122,12 +127,47 @@ def prompt_cache(max_tokens: int) -> None:
     print("(first token (mean): requests 2-8, whose system prompt the first one cached)")
 
 
+def load(url: str, counts: list[int], max_tokens: int, label: str) -> None:
+    """The chat requests from 1, 8, 32 (``counts``) clients at once against ``url``."""
+    client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    one(client, "Hello", 4)  # warm-up
+    reference = None
+    requests = QUESTIONS * (max(max(counts), len(QUESTIONS)) // len(QUESTIONS))
+    print(f"{label}: {len(requests)} chat requests, greedy, max_tokens={max_tokens}")
+    print(
+        f"{'clients':>8} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'first token':>12} "
+        f"{'p50':>7} {'p99':>7} same"
+    )
+    for n in counts:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(lambda q: one(client, q, max_tokens), requests))
+        seconds = time.perf_counter() - start
+        answers = [r[0] for r in results]
+        reference = reference or answers
+        tokens = sum(r[1] for r in results)
+        ttft = sum(r[2] for r in results) / len(results)
+        latency = sorted(r[3] for r in results)
+        p50 = latency[len(latency) // 2]
+        p99 = latency[min(len(latency) - 1, round(0.99 * (len(latency) - 1)))]
+        same = "yes" if answers == reference else "no"
+        print(
+            f"{n:>8} {tokens:>7} {seconds:>8.1f} {tokens / seconds:>9.1f} "
+            f"{ttft:>10.2f} s {p50:>6.2f}s {p99:>6.2f}s {same}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
     parser.add_argument(
         "--prompt-cache", action="store_true", help="time to first token with and without"
+    )
+    parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="the same load against llama-cpp-python's server on the same GGUF file, after",
     )
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
@@ -137,35 +177,19 @@ def main() -> None:
         return
     process, url = start_server()
     try:
-        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        one(client, "Hello", 4)  # warm-up
-        reference = None
-        requests = QUESTIONS * (max(max(counts), len(QUESTIONS)) // len(QUESTIONS))
-        print(f"{len(requests)} chat requests, greedy, max_tokens={args.max_tokens}")
-        print(
-            f"{'clients':>8} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'first token':>12} "
-            f"{'p50':>7} {'p99':>7} same"
-        )
-        for n in counts:
-            start = time.perf_counter()
-            with ThreadPoolExecutor(n) as pool:
-                results = list(pool.map(lambda q: one(client, q, args.max_tokens), requests))
-            seconds = time.perf_counter() - start
-            answers = [r[0] for r in results]
-            reference = reference or answers
-            tokens = sum(r[1] for r in results)
-            ttft = sum(r[2] for r in results) / len(results)
-            latency = sorted(r[3] for r in results)
-            p50 = latency[len(latency) // 2]
-            p99 = latency[min(len(latency) - 1, round(0.99 * (len(latency) - 1)))]
-            same = "yes" if answers == reference else "no"
-            print(
-                f"{n:>8} {tokens:>7} {seconds:>8.1f} {tokens / seconds:>9.1f} "
-                f"{ttft:>10.2f} s {p50:>6.2f}s {p99:>6.2f}s {same}"
-            )
+        load(url, counts, args.max_tokens, "attnkit serve")
     finally:
         process.terminate()
         process.wait(timeout=30)
+    if args.llamacpp:
+        from serve_vs_llamacpp import llamacpp_server
+
+        process, url = llamacpp_server(2)
+        try:
+            load(url, counts, args.max_tokens, "llama-cpp-python's server")
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ def start_llamacpp(threads: int, n_batch: int) -> tuple[subprocess.Popen, str]:
         sys.executable, "-m", "llama_cpp.server", "--model", str(model_path()),
         "--n_threads", str(threads), "--n_batch", str(n_batch), "--logits_all", "True",
         "--n_ctx", "2048", "--port", str(port),
+        # its default lets each new request cut the one in progress short
+        "--interrupt_requests", "False",
     ]  # fmt: skip
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -65,6 +67,21 @@ def start_llamacpp(threads: int, n_batch: int) -> tuple[subprocess.Popen, str]:
             time.sleep(0.3)
     process.kill()
     raise SystemExit("llama.cpp's server did not start in 180 s")
+
+
+def llamacpp_server(threads: int) -> tuple[subprocess.Popen, str]:
+    """llama-cpp-python's server on SmolLM2, started again with ``--n_batch 1`` where its
+    batched prompt path dies with SIGILL (tried on one prompt)."""
+    process, url = start_llamacpp(threads, 512)
+    body = {"prompt": "Question: What is 2+2?\nAnswer:", "max_tokens": 1}
+    try:
+        httpx.post(url + "/v1/completions", json=body, timeout=300).raise_for_status()
+        return process, url
+    except httpx.TransportError:
+        if process.wait(timeout=30) != -signal.SIGILL:
+            raise
+    print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+    return start_llamacpp(threads, 1)
 
 
 def questions() -> list[tuple[str, list[str], int]]:
@@ -123,15 +140,8 @@ def main() -> None:
     finally:
         ours.terminate()
         ours.wait(timeout=30)
-    theirs, lurl = start_llamacpp(args.threads, 512)
+    theirs, lurl = llamacpp_server(args.threads)
     try:
-        try:
-            scores(lurl, items[0][0], items[0][1][0])
-        except httpx.TransportError:
-            if theirs.wait(timeout=30) != -signal.SIGILL:
-                raise
-            print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
-            theirs, lurl = start_llamacpp(args.threads, 1)
         llama = score_all(lurl, items)
         llama_tokens = generated(lurl, items)
     finally:
