@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         rates[f"{mib} MiB"] = 2 * src.nbytes / statistics.median(times[1:])
     return rates
+
+
+def llama_cpp_n_batch(model: Path, threads: int) -> int:
+    """The prompt batch llama.cpp can run here: 512 (its default), or 1 where its batched
+    prompt path dies with SIGILL (llama-cpp-python 0.3.36 built with GGML_NATIVE, on an Intel
+    Xeon with AMX), found by trying it once in a child process. Says so when it is 1."""
+    code = (
+        "import sys; from llama_cpp import Llama; "
+        "llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=64, "
+        "verbose=False); llm.eval(llm.tokenize(b'The animal did not cross the street', "
+        "add_bos=False))"
+    )
+    probe = subprocess.run(
+        [sys.executable, "-c", code, str(model), str(threads)], capture_output=True, timeout=300
+    )
+    if probe.returncode == -signal.SIGILL:
+        print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+        return 1
+    return 512
 
 
 def save_results(bench: str, figures: dict, path: Path | None = None) -> Path:

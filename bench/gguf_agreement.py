@@ -34,7 +34,7 @@ import attnkit as ak
 from attnkit.accel import packed, packed_decoder, packed_steps
 from attnkit.generation import lm_step
 from attnkit.interop import load_tokenizer_for
-from common import cpu_description
+from common import cpu_description, llama_cpp_n_batch
 from gguf_speed import model_path
 
 PROMPTS = [
@@ -136,6 +136,7 @@ def main() -> None:
             model_path=str(model_path()),
             n_threads=args.threads,
             n_ctx=512,
+            n_batch=llama_cpp_n_batch(model_path(), args.threads),  # 1 where 512 dies
             logits_all=True,  # llm.scores holds every position's logits
             verbose=False,
         )

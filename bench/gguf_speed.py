@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import cpu_description
+from common import cpu_description, llama_cpp_n_batch
 
 # A story's opening: greedy decoding runs on for the whole 128 tokens without an end of text.
 PROMPT = "Once upon a time, in a land far away, there lived"
@@ -127,8 +127,12 @@ def run_hugging_face(threads: int, new_tokens: int) -> dict:
 def run_llama_cpp(threads: int, new_tokens: int) -> dict:
     from llama_cpp import Llama
 
+    n_batch = llama_cpp_n_batch(model_path(), threads)  # 1 where the batched path dies
     start = time.perf_counter()
-    llm = Llama(model_path=str(model_path()), n_threads=threads, n_ctx=1024, verbose=False)
+    llm = Llama(
+        model_path=str(model_path()), n_threads=threads, n_ctx=1024, n_batch=n_batch,
+        verbose=False,
+    )  # fmt: skip
     load = time.perf_counter() - start
     short = llm.tokenize(PROMPT.encode(), add_bos=False)
     long = (llm.tokenize((PROMPT * 20).encode(), add_bos=False) * 2)[:256]
