@@ -46,27 +46,34 @@ QUESTIONS = [
 ]
 
 
-def start_server(*options: str) -> tuple[subprocess.Popen, str]:
+def launch(command: list[str], name: str, ready: str) -> tuple[subprocess.Popen, str]:
+    """Start the server ``command`` on a free port (it takes ``--port``) and wait until GET
+    ``ready`` answers 200: (the process, its base URL)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = Path(tempfile.mkdtemp()) / "serve.log"
-    command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", "--port", str(port)]
-    command += options
+    log = Path(tempfile.mkdtemp()) / "server.log"
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*command, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/health").status_code == 200:
+            if httpx.get(url + ready).status_code == 200:
                 return process, url
         except httpx.TransportError:
             if process.poll() is not None:
-                raise SystemExit(f"attnkit serve exited: {log.read_text()}") from None
+                raise SystemExit(f"{name} exited: {log.read_text()[-2000:]}") from None
             time.sleep(0.2)
     process.kill()
-    raise SystemExit("attnkit serve did not start in 180 s")
+    raise SystemExit(f"{name} did not start in 180 s")
+
+
+def start_server(*options: str) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "attnkit.cli", "serve", "smollm2", *options]
+    return launch(command, "attnkit serve", "/health")
 
 
 SYSTEM = (

@@ -24,49 +24,29 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 from common import cpu_description, save_results
 from gguf_speed import model_path
-from serve import start_server
+from serve import launch, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "lm_eval" / "attnkit_mc.jsonl"
 
 
 def start_llamacpp(threads: int, n_batch: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = Path(tempfile.mkdtemp()) / "llamacpp.log"
     command = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model_path()),
         "--n_threads", str(threads), "--n_batch", str(n_batch), "--logits_all", "True",
-        "--n_ctx", "2048", "--port", str(port),
+        "--n_ctx", "2048",
         # its default lets each new request cut the one in progress short
         "--interrupt_requests", "False",
     ]  # fmt: skip
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/v1/models").status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            if process.poll() is not None:
-                raise SystemExit(f"llama.cpp's server exited: {log.read_text()[-2000:]}") from None
-            time.sleep(0.3)
-    process.kill()
-    raise SystemExit("llama.cpp's server did not start in 180 s")
+    return launch(command, "llama.cpp's server", "/v1/models")
 
 
 def llamacpp_server(threads: int) -> tuple[subprocess.Popen, str]:

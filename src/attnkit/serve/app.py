@@ -35,7 +35,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -50,10 +49,11 @@ from attnkit.serve.schema import (
     CompletionBody,
     DetokenizeBody,
     TokenizeBody,
+    check_model,
     error,
     error_body,
+    openai_errors,
     refuse_unsupported,
-    validation_message,
 )
 from attnkit.serve.tools import call_schema, chosen_tools, tools_message
 
@@ -106,34 +106,13 @@ def create_app(
     app = FastAPI(title="attnkit", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, problem: RequestValidationError):
-        message, param = validation_message(problem)
-        return JSONResponse(error_body(400, message, param), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, problem: HTTPException):
-        try:
-            body = json.loads(problem.detail)
-        except (TypeError, ValueError):
-            body = error_body(problem.status_code, str(problem.detail))
-        return JSONResponse(body, status_code=problem.status_code, headers=problem.headers)
+    http_error = openai_errors(app)
 
     def encode(text: str) -> list[int]:
         """The ids ``generate`` would use; a template that wrote BOS itself gets no second."""
         if bos and text.startswith(bos) and _takes_flag(tokenizer):
             return tokenizer.encode(text, add_special_tokens=False)
         return tokenizer.encode(text)
-
-    def check_model(body) -> None:
-        if body.model is not None and body.model != name:
-            raise error(
-                404,
-                f"The model '{body.model}' does not exist: this server serves '{name}'",
-                "model",
-                "model_not_found",
-                kind="invalid_request_error",  # as OpenAI answers it
-            )
 
     def prepare(ids: list[int], body, max_tokens: int | None, param: str, **options):
         """The engine's requests for one prompt's ids: ``body.n`` of them (seeds seed, seed +
@@ -326,7 +305,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, http: HTTPRequest):
-        check_model(body)
+        check_model(body.model, name)
         refuse_unsupported(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise error(400, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -372,7 +351,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, http: HTTPRequest):
-        check_model(body)
+        check_model(body.model, name)
         refuse_unsupported(body)
         if body.max_tokens == 0 and not body.echo:
             raise error(400, "max_tokens=0 needs echo: true (scoring the prompt)", "max_tokens")

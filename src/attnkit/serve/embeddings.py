@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import threading
 import time
 from typing import Literal
@@ -22,13 +21,10 @@ from typing import Literal
 import numpy as np
 import torch
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import Field
-from starlette.exceptions import HTTPException
 
 from attnkit.serve.limits import guard
-from attnkit.serve.schema import StrictBody, error, error_body, validation_message
+from attnkit.serve.schema import StrictBody, check_model, error, openai_errors
 
 __all__ = ["create_embedding_app"]
 
@@ -61,18 +57,7 @@ def create_embedding_app(
     lock = threading.Lock()  # one batch through the model at a time
     app = FastAPI(title="attnkit", docs_url=None, redoc_url=None)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, problem: RequestValidationError):
-        message, param = validation_message(problem)
-        return JSONResponse(error_body(400, message, param), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, problem: HTTPException):
-        try:
-            body = json.loads(problem.detail)
-        except (TypeError, ValueError):
-            body = error_body(problem.status_code, str(problem.detail))
-        return JSONResponse(body, status_code=problem.status_code, headers=problem.headers)
+    openai_errors(app)
 
     def texts_of(body: EmbeddingBody) -> list[str]:
         given = body.input
@@ -102,14 +87,7 @@ def create_embedding_app(
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingBody):
-        if body.model is not None and body.model != name:
-            raise error(
-                404,
-                f"The model '{body.model}' does not exist: this server serves '{name}'",
-                "model",
-                "model_not_found",
-                kind="invalid_request_error",
-            )
+        check_model(body.model, name)
         texts = texts_of(body)
         vectors, tokens = await asyncio.to_thread(embed, texts)
         if body.dimensions is not None and body.dimensions != vectors.shape[1]:

@@ -22,8 +22,10 @@ __all__ = [
     "DetokenizeBody",
     "StrictBody",
     "TokenizeBody",
+    "check_model",
     "error",
     "error_body",
+    "openai_errors",
     "refuse_unsupported",
     "validation_message",
 ]
@@ -314,3 +316,36 @@ def validation_message(problem: RequestValidationError) -> tuple[str, str | None
     received = first.get("input")
     shown = json.dumps(received)[:80] if not isinstance(received, bytes) else "bytes"
     return f"{param or 'body'}: {first.get('msg', 'invalid')} (got {shown})", param
+
+
+def check_model(model: str | None, name: str) -> None:
+    """404 ``model_not_found``, as OpenAI answers, for a ``model`` other than the served one."""
+    if model is not None and model != name:
+        raise error(
+            404,
+            f"The model '{model}' does not exist: this server serves '{name}'",
+            "model",
+            "model_not_found",
+            kind="invalid_request_error",
+        )
+
+
+def openai_errors(app):
+    """Answer ``app``'s validation errors and HTTP errors as OpenAI's error object; returns
+    the HTTP error handler (for handlers that hand errors on to it)."""
+    from fastapi.responses import JSONResponse
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, problem: RequestValidationError):
+        message, param = validation_message(problem)
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, problem: HTTPException):
+        try:
+            body = json.loads(problem.detail)
+        except (TypeError, ValueError):
+            body = error_body(problem.status_code, str(problem.detail))
+        return JSONResponse(body, status_code=problem.status_code, headers=problem.headers)
+
+    return http_error
