@@ -12,12 +12,21 @@ model:
 - :mod:`~attnkit.explain.bertviz`: the layout bertviz's ``head_view`` / ``model_view`` expect,
   and a JSON export.
 - :mod:`~attnkit.explain.fonts`: the CJK font fallback that lets Chinese tokens render.
+- :mod:`~attnkit.explain.rollout`: attention rollout and attention flow (Abnar & Zuidema), how
+  much each input token reaches each position at the top.
+- :mod:`~attnkit.explain.lens`: the logit lens, a decoder's prediction after every layer.
+- :mod:`~attnkit.explain.interventions`: head ablation and activation patching (hooks on the
+  residual stream and on each head's output before W^O, see :mod:`~attnkit.explain.sites`).
+- :mod:`~attnkit.explain.attribution`: integrated gradients and input x gradient (Captum).
 
 Every file is written atomically (a temporary file, then a rename).
 """
 
+from attnkit.explain.attribution import attribute_classifier, attribute_translation
 from attnkit.explain.bertviz import bertviz_data, export_bertviz_json, to_bertviz
 from attnkit.explain.fonts import MissingFontWarning, cjk_font
+from attnkit.explain.interventions import ablate_heads, patch_heads, patch_residual
+from attnkit.explain.lens import logit_lens
 from attnkit.explain.plots import (
     plot_attention_heads,
     plot_attention_heatmap,
@@ -27,6 +36,7 @@ from attnkit.explain.plots import (
     warmup_schedule,
 )
 from attnkit.explain.report import attention_sections, render_attention_html
+from attnkit.explain.rollout import attention_flow, attention_rollout
 from attnkit.explain.scaling import (
     ScalingRow,
     SoftmaxStats,
@@ -39,11 +49,19 @@ __all__ = [
     "MissingFontWarning",
     "ScalingRow",
     "SoftmaxStats",
+    "ablate_heads",
+    "attention_flow",
+    "attention_rollout",
     "attention_sections",
+    "attribute_classifier",
+    "attribute_translation",
     "bertviz_data",
     "cjk_font",
     "export_bertviz_json",
     "format_scaling_table",
+    "logit_lens",
+    "patch_heads",
+    "patch_residual",
     "plot_attention_heads",
     "plot_attention_heatmap",
     "plot_mask",
