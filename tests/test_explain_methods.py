@@ -440,3 +440,80 @@ def test_attribution_refuses_bad_input_in_one_line():
         attribute_classifier(classifier, torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(TypeError, match=r"must be an attnkit\.Transformer"):
         attribute_translation(classifier, CLEAN, CLEAN)
+
+
+def test_rollout_refuses_layers_that_gave_no_weights():
+    with pytest.raises(ValueError, match=r"attentions\[0\] is None: the model gave no weights"):
+        attention_rollout([None, None])  # what a layer gives when its weights were not asked for
+
+
+# --------------------------------------------------------------------------------------------
+# attnkit explain rollout|flow|lens|heads|patch|attribute
+# --------------------------------------------------------------------------------------------
+
+SNAKE = "我 用 毒 毒 毒 蛇"
+
+
+def _cli(argv, capsys):
+    from attnkit.cli import main
+
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_explain_rollout_and_flow_print_the_views_and_draw_png_and_svg(capsys, tmp_path):
+    png, svg = tmp_path / "flow.png", tmp_path / "flow.svg"
+    argv = ["explain", "flow", SNAKE, "--query", "蛇", "--png", str(png), "--svg", str(svg)]
+    status, out, _ = _cli(argv, capsys)
+    assert status == 0
+    assert "raw (top layer)" in out and "rollout" in out and "flow" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("我", "用", "毒", "蛇"))]
+    assert len(rows) == 6 and abs(sum(float(r[2]) for r in rows) - 1) < 0.01  # rollout sums to 1
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert b"<svg" in svg.read_bytes()[:400]
+    status, out, _ = _cli(["explain", "rollout", SNAKE], capsys)  # no --query: the matrix
+    assert status == 0 and len([line for line in out.splitlines() if line.startswith("毒")]) == 3
+
+
+def test_explain_lens_heads_patch_and_attribute_on_every_family(capsys, tmp_path):
+    status, out, _ = _cli(["explain", "lens", SNAKE, "--answer", "蛇"], capsys)
+    assert status == 0 and "embeddings" in out and "layer 2" in out and "rank" in out
+    status, out, _ = _cli(["explain", "heads", SNAKE, "--mode", "mean"], capsys)
+    assert status == 0 and "layer 1" in out and "the heads that matter most" in out
+    argv = ["explain", "patch", SNAKE, "--corrupted", "我 用 蛇 毒 毒 蛇", "--answer", "蛇"]
+    status, out, _ = _cli([*argv, "--svg", str(tmp_path / "patch.svg")], capsys)
+    assert status == 0 and "share of the clean metric restored" in out
+    assert (tmp_path / "patch.svg").exists() and (tmp_path / "patch-heads.svg").exists()
+    status, out, _ = _cli(["explain", "attribute", SNAKE, "--family", "classifier"], capsys)
+    assert status == 0 and "class" in out and out.count("\n  ") >= 6
+    argv = ["explain", "attribute", "ich bin hier", "--target", "i am here"]
+    status, out, _ = _cli([*argv, "--family", "encoder-decoder", "--steps", "8"], capsys)
+    assert status == 0 and "cross-attention" in out
+    argv = ["explain", "heads", "ich bin hier", "--target", "i am here"]
+    status, out, _ = _cli([*argv, "--family", "encoder-decoder"], capsys)
+    assert status == 0 and "cross-attention" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explain", "rollout", "   "], "TEXT is empty"),
+        (["explain", "lens"], "give TEXT"),
+        (["explain", "lens", SNAKE, "--family", "encoder"], "needs a decoder-only model"),
+        (["explain", "rollout", SNAKE, "--query", "龙"], "--query: '龙' is not one of"),
+        (["explain", "patch", SNAKE], "give --corrupted TEXT"),
+        (["explain", "patch", SNAKE, "--corrupted", "我 用 蛇"], "as many tokens as TEXT (6)"),
+        (["explain", "heads", SNAKE, "--answer", "龙"], "--answer: '龙' is not a word"),
+        (["explain", "heads", SNAKE, "--family", "encoder"], "an output to measure"),
+        (["explain", "heads", SNAKE, "--family", "classifier", "--label", "5"], "--label"),
+        (["explain", "attribute", SNAKE, "--steps", "0"], "--steps: must be a positive"),
+        (["explain", "attribute", "a b", "--family", "encoder-decoder"], "needs --target"),
+        (["explain", "rollout", SNAKE, "--png", "x.jpg"], "must end in .png"),
+        (["explain", "scaling", SNAKE], "'scaling' is not a method"),
+    ],
+)
+def test_explain_methods_refuse_bad_input_in_one_line(capsys, argv, message):
+    status, out, err = _cli(argv, capsys)
+    assert status == 2, out
+    assert message in err and len(err.strip().splitlines()) == 1, err

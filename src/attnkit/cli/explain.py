@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from attnkit.cli import explain_methods
 from attnkit.cli.common import UsageError, tokenize_for
 from attnkit.models import DecoderLM, EncoderModel
 
@@ -41,12 +42,7 @@ def _explain_scaling(args: argparse.Namespace) -> None:
 
     rows = scaling_experiment(seed=args.seed)
     print(format_scaling_table(rows))
-    if args.png:
-        try:
-            path = plot_scaling(rows, args.png)
-        except (OSError, ValueError) as error:
-            raise UsageError(f"--png: cannot write {args.png}: {error}") from None
-        print(f"\nwrote {path}")
+    explain_methods.draw(args, lambda path: plot_scaling(rows, path))
 
 
 def _explain_complexity(args: argparse.Namespace) -> None:
@@ -69,12 +65,7 @@ def _explain_complexity(args: argparse.Namespace) -> None:
     )
     print()
     print(format_complexity_table(rows, fit_slopes(rows), threads=args.threads))
-    if args.png:
-        try:
-            path = plot_complexity(rows, args.png)
-        except (OSError, ValueError) as error:
-            raise UsageError(f"--png: cannot write {args.png}: {error}") from None
-        print(f"\nwrote {path}")
+    explain_methods.draw(args, lambda path: plot_complexity(rows, path))
 
 
 TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
@@ -126,7 +117,14 @@ def register(commands) -> None:
             "'attnkit explain scaling' measures why the scores are divided by sqrt(d_k): "
             "Var[q.k] = d_k for unit-variance q and k, and what the softmax does with and "
             "without the scaling. 'attnkit explain complexity' times attention (math, fused, "
-            "window, linear) as N grows and fits the exponent of N."
+            "window, linear) as N grows and fits the exponent of N.\n\n"
+            "Beyond the raw weights, a method and a TEXT: 'rollout' and 'flow' follow the "
+            "attention down through every layer to the input tokens (Abnar & Zuidema); 'lens' "
+            "reads a decoder's prediction after every layer (the logit lens); 'heads' ablates "
+            "each head and 'patch' copies activations from TEXT into --corrupted, measuring "
+            "what the output loses or regains; 'attribute' scores each input token by "
+            "integrated gradients or input x gradient (Captum). Every picture can be written as "
+            "PNG (--png) and SVG (--svg)."
         ),
         epilog=(
             "examples:\n"
@@ -136,7 +134,8 @@ def register(commands) -> None:
             "  attnkit explain --scores 2,8,4 --d-k 16\n"
             "  attnkit explain --causal 4\n"
             "  attnkit explain scaling --png runs/scaling.png\n"
-            "  attnkit explain complexity --budget 20 --png runs/complexity.png"
+            "  attnkit explain complexity --budget 20 --png runs/complexity.png\n"
+            + explain_methods.EXAMPLES
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -144,8 +143,10 @@ def register(commands) -> None:
         "topic",
         nargs="?",
         metavar="TEXT_OR_TOPIC",
-        help="a sentence to trace through one attention head, or a topic: scaling, complexity",
+        help="a sentence to trace through one attention head, a topic (scaling, complexity) or "
+        "a method (" + ", ".join(explain_methods.METHODS) + ") followed by TEXT",
     )
+    explain.add_argument("text", nargs="?", metavar="TEXT", help="with a method: the text")
     explain.add_argument("--model", metavar="PATH", help="with TEXT: a model directory to trace")
     explain.add_argument(
         "--preset", default="tiny", help="with TEXT and no --model: an untrained preset (tiny)"
@@ -172,7 +173,9 @@ def register(commands) -> None:
         metavar="N",
         help="print the causal mask of size N; with TEXT, use a causal (decoder) model",
     )
-    explain.add_argument("--png", metavar="FILE", help="with a topic: also draw the plot here")
+    explain.add_argument(
+        "--png", metavar="FILE", help="with a topic or method: also draw the plot here"
+    )
     explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
     explain.add_argument(
         "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
@@ -183,6 +186,7 @@ def register(commands) -> None:
         default=1,
         help="with 'complexity': torch threads while timing (default 1: steadier when busy)",
     )
+    explain_methods.add_arguments(explain)
     explain.set_defaults(handler=run)
 
 
@@ -191,13 +195,20 @@ def run(args: argparse.Namespace) -> None:
     from attnkit.explain.softmax import explain_causal, explain_softmax
 
     if args.topic is not None:
-        if args.topic in TOPICS:
+        if args.topic in explain_methods.METHODS:
+            explain_methods.run_method(args)
+        elif args.text is not None:
+            raise UsageError(
+                f"explain: {args.topic!r} is not a method ({', '.join(explain_methods.METHODS)}); "
+                "quote a sentence to trace it"
+            )
+        elif args.topic in TOPICS:
             TOPICS[args.topic](args)
         else:
             _explain_text(args)
         return
-    if args.png:
-        raise UsageError("--png goes with a topic ('attnkit explain scaling --png FILE')")
+    if args.png or args.svg:
+        raise UsageError("--png and --svg go with a topic ('attnkit explain scaling --png FILE')")
     if args.causal == 0 and args.scores is None:
         raise UsageError("--causal: give the mask size N (or a TEXT to trace causally)")
     if args.scores is None and args.causal is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["METHODS", "attribute_classifier", "attribute_translation"]
+__all__ = ["METHODS", "attribute_classifier", "attribute_next_token", "attribute_translation"]
 
 METHODS = ("integrated_gradients", "input_x_gradient")
 
@@ -87,6 +87,41 @@ def attribute_classifier(
         raise ValueError(f"{owner}: target must be a class in [0, {classes}), got {target!r}")
     baseline = torch.full_like(ids, model.cfg.pad_id)
     return _attribute(model, model.encoder.encoder, ids, baseline, target, method, steps, None)
+
+
+def attribute_next_token(
+    model,
+    ids: Tensor,
+    *,
+    target: int | None = None,
+    method: str = "integrated_gradients",
+    steps: int = 50,
+) -> Tensor:
+    """Each input token's share in the log-probability of the next token after ``ids``, for an
+    :class:`attnkit.DecoderLM`: ``(B, N)``. ``target``: that token's id (default: the model's
+    top prediction for each row)."""
+    from attnkit.models import DecoderLM
+
+    owner = "attribute_next_token"
+    if not isinstance(model, DecoderLM):
+        raise TypeError(
+            f"{owner}: model must be an attnkit.DecoderLM (decoder-only), "
+            f"got {type(model).__name__}"
+        )
+    _check(owner, method, steps)
+    ids = _ids(owner, "ids", ids)
+    vocab = model.cfg.vocab_size
+    if target is None:
+        with torch.no_grad():
+            target = model(ids)[:, -1].argmax(-1)
+    elif isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < vocab:
+        raise ValueError(f"{owner}: target must be a token id in [0, {vocab}), got {target!r}")
+
+    def next_logprobs(x):  # (B, V): log p(next token)
+        return model(x)[:, -1].log_softmax(-1)
+
+    baseline = torch.full_like(ids, model.cfg.pad_id)
+    return _attribute(next_logprobs, model.decoder, ids, baseline, target, method, steps, None)
 
 
 def attribute_translation(

@@ -215,9 +215,9 @@ def plot_complexity(rows: Sequence[ComplexityRow], path: str | Path) -> Path:
     """Log-log plots of time and memory against N, one line per variant (PNG)."""
     from matplotlib.figure import Figure
 
-    from attnkit.files import atomic_path
+    from attnkit.explain.plots import save_figure
 
-    fig = Figure(figsize=(11, 4.5))
+    fig = Figure(figsize=(11, 4.5), dpi=100)
     ax_t, ax_m = fig.subplots(1, 2)
     for name in dict.fromkeys(r.variant for r in rows):
         mine = [r for r in rows if r.variant == name]
@@ -238,6 +238,4 @@ def plot_complexity(rows: Sequence[ComplexityRow], path: str | Path) -> Path:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle("attention cost against sequence length (log-log: slope = exponent)")
     fig.tight_layout()
-    with atomic_path(path, "plot_complexity") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    return Path(path)
+    return save_figure(fig, path, "plot_complexity")

@@ -14,6 +14,7 @@ An attention map says where a head looks; these say whether the answer depends o
 ``lambda m: m(ids)``; ``metric`` takes that output and returns a scalar tensor, e.g. a token's
 log-probability: ``lambda logits: logits.log_softmax(-1)[0, -1, token]``. Every function runs
 the model under ``torch.no_grad()``; put it in ``eval()`` mode first (dropout would add noise).
+``progress(done, total)``, if given, is called after each patched or ablated run.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def ablate_heads(
     mode: str = "zero",
     stack: str | None = None,
     attention: str = "self",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Tensor:
     """The change in ``metric`` when each head alone is ablated: ``(L, H)``, entry [l, h] =
     metric(run with head h of layer l ablated) - metric(run).
@@ -93,6 +95,7 @@ def ablate_heads(
                     value = lambda x, mean=mean: mean.expand_as(x)  # noqa: E731
                 with replace_head_output(attn, head, value):
                     deltas[layer, head] = _value(metric, run(model), owner) - clean
+                _tick(progress, layer * n_heads + head + 1, deltas.numel())
     return deltas
 
 
@@ -104,6 +107,7 @@ def patch_heads(
     *,
     stack: str | None = None,
     attention: str = "self",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Tensor:
     """Activation patching of head outputs: ``(L, H)``, entry [l, h] = metric of the corrupted
     run in which head h of layer l outputs what it output in the clean run (at every position).
@@ -125,11 +129,18 @@ def patch_heads(
                 saved = clean_heads[layer][..., head, :]
                 with replace_head_output(attn, head, lambda x, saved=saved: saved):
                     result[layer, head] = _value(metric, corrupted(model), owner)
+                _tick(progress, layer * n_heads + head + 1, result.numel())
     return result
 
 
 def patch_residual(
-    model: nn.Module, clean: Run, corrupted: Run, metric: Metric, *, stack: str | None = None
+    model: nn.Module,
+    clean: Run,
+    corrupted: Run,
+    metric: Metric,
+    *,
+    stack: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Tensor:
     """Activation patching of the residual stream: ``(L, N)``, entry [l, p] = metric of the
     corrupted run in which the stream entering layer l at position p is the clean run's. The
@@ -148,7 +159,13 @@ def patch_residual(
             for position in range(n):
                 with replace_layer_input(module, position, clean_inputs[layer][:, position]):
                     result[layer, position] = _value(metric, corrupted(model), owner)
+                _tick(progress, layer * n + position + 1, result.numel())
     return result
+
+
+def _tick(progress, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
 
 
 def _capture_inputs(layers, run: Run, model) -> list[Tensor]:

@@ -1,8 +1,9 @@
-"""Pictures of the paper's objects, as PNG files: attention weights, masks, positions, the schedule.
+"""Pictures of the paper's objects, as PNG or SVG files: attention weights, masks, positions,
+the schedule.
 
 Every function takes plain tensors (or nested lists, or numpy arrays) and token lists, so it
-works for any model, writes one PNG atomically (a temporary file, then ``os.replace``) and
-returns its path:
+works for any model, writes one file atomically (a temporary file, then ``os.replace``): SVG
+for a name ending in ``.svg`` (vector, for papers), PNG otherwise. It returns the path:
 
 - ``plot_attention_heatmap``: one (N, M) weight matrix, row i = how query i spreads its
   attention over the M keys (each row sums to 1).
@@ -70,10 +71,17 @@ def new_figure(width: float, height: float, dpi: int) -> Figure:
     return Figure(figsize=(width, height), dpi=dpi, layout="constrained")
 
 
+FORMATS = {".png": "png", ".svg": "svg"}
+
+
 def save_figure(figure: Figure, path: PathLike, owner: str) -> Path:
-    """Write ``figure`` as a PNG to ``path`` atomically; return the path."""
+    """Write ``figure`` to ``path`` atomically, as SVG (vector, for papers) when the name ends in
+    ``.svg`` and as PNG otherwise; return the path."""
+    fmt = FORMATS.get(Path(path).suffix.lower(), "png")
     with atomic_path(path, owner) as tmp:
-        figure.savefig(tmp, format="png", dpi=figure.dpi)
+        # an SVG without its date is the same file for the same figure
+        extra = {"metadata": {"Date": None}} if fmt == "svg" else {}
+        figure.savefig(tmp, format=fmt, dpi=figure.dpi, **extra)
     return Path(path)
 
 

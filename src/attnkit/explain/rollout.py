@@ -42,6 +42,11 @@ def layer_matrices(attentions, residual: bool = True, owner: str = "layer_matric
     shape = None
     layers = []
     for i, t in enumerate(attentions):
+        if t is None:
+            raise ValueError(
+                f"{owner}: attentions[{i}] is None: the model gave no weights for that layer "
+                "(linear attention never forms them)"
+            )
         if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[-1] != t.shape[-2]:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(
