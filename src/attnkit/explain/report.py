@@ -2,11 +2,16 @@
 
 ``render_attention_html(sections, path)`` writes a page where you choose an attention (encoder
 self-attention, decoder self-attention, cross-attention, ...), a layer and a head (or the mean
-of the heads), and see its weight matrix as a grid of coloured cells: row i is query token i,
-column j key token j, and the colour is the weight ``softmax(q_i k_j^T / sqrt(d_k))``. Hovering
-a query token (or any cell of its row) highlights the row and lists its weights as numbers.
-The selection is kept in the address (``report.html#section=0&layer=1&head=2``, ``head=mean``),
-so a view can be shared as a link. PNG pictures can be shown below, linked by relative path.
+of the heads), and see its weight matrix drawn on a canvas: row i is query token i, column j
+key token j, and the colour is the weight ``softmax(q_i k_j^T / sqrt(d_k))``. Hovering a row
+highlights it and lists its weights as numbers (the 20 largest, for rows past 64 keys). Below,
+the model view draws every layer x head small, as bertviz's does; a click opens one. The
+selection is kept in the address (``report.html#section=0&layer=1&head=2``, ``head=mean``), so
+a view can be shared as a link. PNG pictures can be shown below, linked by relative path.
+
+Long inputs stay light: past 250,000 weights a section stores one byte per weight (scaled by
+each matrix's largest), and past 32 Mi weights only the mean of the heads, so a 2,048-token
+text through a 6-layer model opens in a few seconds (the browser test measures it).
 
 Offline and safe by construction:
 
@@ -22,6 +27,7 @@ Offline and safe by construction:
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -30,6 +36,8 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from attnkit.explain._attentions import select_example
 from attnkit.explain._checks import as_array, check_positive_int, check_tokens
@@ -40,6 +48,10 @@ __all__ = ["attention_sections", "render_attention_html"]
 PathLike = str | os.PathLike[str]
 
 _SECTION_KEYS = {"name", "query_tokens", "key_tokens", "weights", "description"}
+# Weights kept as JSON numbers up to FLOAT_LIMIT per section; above, as one byte each (base64),
+# and above BYTE_LIMIT as the mean of the heads, one byte each (2,048 tokens x 6 layers fits).
+FLOAT_LIMIT = 250_000
+BYTE_LIMIT = 32 * 2**20
 _WEIGHTS_SHAPE = (
     "(L, H, N, M) = (layers, heads, queries, keys) (one layer (H, N, M): weights[None])"
 )
@@ -136,15 +148,36 @@ def _pack_section(section, number: int, decimals: int) -> dict[str, Any]:
         m,
         f"weights of shape {weights.shape} has M={m} key columns",
     )
-    flat = [round(float(w), decimals) for w in weights.reshape(-1)]
-    return {
+    packed = {
         "name": name,
         "description": description,
         "query_tokens": queries,
         "key_tokens": keys,
         "shape": [layers, heads, n, m],
-        "weights": flat,
     }
+    if weights.size <= FLOAT_LIMIT:  # short inputs: every weight as a number
+        packed["weights"] = [round(float(w), decimals) for w in weights.reshape(-1)]
+        return packed
+    if weights.size > BYTE_LIMIT:  # long inputs: the mean of the heads only
+        weights = weights.mean(axis=1, keepdims=True)
+        packed["shape"][1] = 1
+        packed["heads_averaged"] = True
+        if weights.size > BYTE_LIMIT:
+            raise ValueError(
+                f"{owner}: {where} is too large for one page even with its heads averaged: "
+                f"{layers} layers x {n} x {m} weights (at most {BYTE_LIMIT:,}); "
+                f"pass fewer layers (weights[:k]) or a shorter text"
+            )
+    # one byte per weight, scaled by each (layer, head) matrix's largest: weight ~ byte/255*s
+    scales = weights.reshape(weights.shape[0] * weights.shape[1], -1).max(axis=1)
+    scaled = weights / np.maximum(scales, 1e-30).reshape((*weights.shape[:2], 1, 1))
+    data = np.rint(np.clip(scaled, 0.0, 1.0) * 255).astype(np.uint8)
+    packed.update(
+        encoding="u8",
+        scales=[float(x) for x in scales],
+        data=base64.b64encode(data.tobytes()).decode("ascii"),
+    )
+    return packed
 
 
 def _json_for_script(data: Any) -> str:
@@ -255,11 +288,17 @@ def _page(title: str, packed: list[dict], images: list[tuple[str, str]], notes) 
             "</div>",
             '<p id="section-info"></p>',
             '<div class="viewer">',
-            '<div class="grid-wrap"><table id="attention-grid"></table>',
+            '<div class="grid-wrap"><div class="canvas-wrap">',
+            '<canvas id="attention-grid" tabindex="0" width="0" height="0"></canvas>',
+            '<canvas id="grid-overlay" width="0" height="0"></canvas></div>',
             '<p class="legend" id="grid-legend"></p></div>',
             '<aside id="row-details"></aside>',
             "</div>",
             "</section>",
+            '<section id="model-view"><h2>Model view: every layer and head</h2>',
+            '<p class="legend">Each picture is one layer\'s head (rows: queries, columns: '
+            "keys); click one to open it above.</p>",
+            '<div id="model-grid"></div></section>',
         ]
     if images:
         parts.append('<section id="pictures"><h2>Pictures</h2>')
