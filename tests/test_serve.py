@@ -237,10 +237,20 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_row(server):
 
 @pytest.mark.needs("chromium")
 def test_the_attention_page_in_chromium(server, tmp_path: Path):
-    weights_drawn = (
-        "[...document.querySelectorAll('#heat tbody tr')].map(tr =>"
-        " [...tr.querySelectorAll('td')].map(td => Number(td.dataset.weight)))"
-    )
+    # the weights as drawn: each cell's colour read back from the canvas (white to blue by
+    # weight / its row's largest; the red channel is 255 - 217 * that share)
+    weights_drawn = """(() => {
+      const c = document.getElementById('heat'), d = c.dataset, ctx = c.getContext('2d');
+      const maxima = JSON.parse(d.maxima), rows = [];
+      for (let l = 0; l < +d.rows; l++) {
+        const p = ctx.getImageData(+d.left, +d.top + l * +d.row + 2, +d.cell * +d.cols, 1).data;
+        const row = [];
+        for (let j = 0; j < +d.cols; j++)
+          row.push((255 - p[4 * (j * +d.cell)]) / 217 * maxima[l]);
+        rows.push(row);
+      }
+      return rows;
+    })()"""
     browser = Browser(CHROMIUM)
     try:
         browser.open(server + "/")
@@ -265,18 +275,27 @@ def test_the_attention_page_in_chromium(server, tmp_path: Path):
         browser.click(".tok.new[data-index='2']" if count > 2 else ".tok.new")
         browser.wait_for("document.body.dataset.drawn !== undefined")
         rows = browser.js(weights_drawn)
-        context = browser.js("document.querySelectorAll('#heat thead th').length - 1")
+        context = int(browser.js("document.getElementById('heat').dataset.cols"))
         assert len(rows) == 30  # SmolLM2's layers, each a row of weights over the context
         assert all(len(r) == context for r in rows)
-        assert all(abs(sum(r) - 1) < 0.01 for r in rows)  # each layer's weights sum to 1
+        # each layer's weights sum to 1 (each read back to 1/217 of its row's largest)
+        assert all(abs(sum(r) - 1) < 0.01 + context * max(r) / 400 for r in rows)
         browser.js(
             "const s = document.getElementById('head-select'); s.value = '4';"
             "s.dispatchEvent(new Event('change')); true"
         )
         head4 = browser.js(weights_drawn)
-        assert head4 != rows and all(abs(sum(r) - 1) < 0.01 for r in head4)
-        browser.click("#heat tbody tr[data-layer='3'] th")  # pick a layer: the context is shaded
-        assert browser.js("document.querySelector('#heat tr.picked').dataset.layer") == "3"
+        assert head4 != rows
+        assert all(abs(sum(r) - 1) < 0.01 + context * max(r) / 400 for r in head4)
+        x, y = browser.js(  # pick layer 3 with a real click on its row: the context is shaded
+            "(() => { const c = document.getElementById('heat'), d = c.dataset;"
+            " c.scrollIntoView(); const b = c.getBoundingClientRect();"
+            " return [b.left + +d.left + 2, b.top + +d.top + 3.5 * +d.row]; })()"
+        )
+        for kind in ("mousePressed", "mouseReleased"):
+            event = {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}
+            browser.send("Input.dispatchMouseEvent", event, browser.session)
+        assert browser.js("document.getElementById('heat').dataset.layer") == "3"
         shot = browser.screenshot(tmp_path / "attention.png")
         assert shot.stat().st_size > 10_000
         if os.environ.get("ATTNKIT_SCREENSHOT"):  # how docs/img/serve_attention.png is made
