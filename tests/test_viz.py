@@ -47,3 +47,14 @@ def test_default_output_is_the_report(tmp_path, monkeypatch):
     torch.manual_seed(0)
     assert main(["viz", "今天 下雨 我 没 带 伞"]) == 0
     assert (tmp_path / "runs" / "viz" / "report.html").is_file()
+
+
+def test_viz_svg_writes_vector_pictures_a_paper_can_use(tmp_path, capsys):
+    svg = tmp_path / "svg"
+    assert main(["viz", "今天 下雨 我 没 带 伞", "--svg", str(svg)]) == 0
+    files = sorted(p.name for p in svg.iterdir())
+    assert files == ["self_layer0.svg", "self_layer1.svg"]
+    text = (svg / "self_layer0.svg").read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+    assert "<image" in text or "<path" in text  # drawn as vector shapes (the grid an image)
+    assert "wrote" in capsys.readouterr().out

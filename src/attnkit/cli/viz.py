@@ -19,11 +19,12 @@ def register(commands) -> None:
     """``attnkit viz``: a model's attention over a text, drawn."""
     viz = commands.add_parser(
         "viz",
-        help="draw a model's attention over a text: an offline HTML report, PNGs, bertviz JSON",
+        help="draw a model's attention over a text: an offline HTML report, PNG/SVG, bertviz JSON",
         description=(
             "Run a model over a text and draw the attention of every layer and head: one "
             "self-contained offline HTML file (choose the attention, layer and head; hover a "
-            "token to read its weights), PNG heatmaps, and a JSON export in bertviz's layout. "
+            "row to read its weights; every layer x head side by side in a model view), PNG or "
+            "SVG heatmaps, and a JSON export in bertviz's layout. "
             "Without --model, an untrained preset of --family. For an encoder-decoder model, "
             "--target gives the decoder's text: the report then has encoder self-attention, "
             "decoder self-attention and cross-attention."
@@ -51,6 +52,9 @@ def register(commands) -> None:
     viz.add_argument("--seed", type=int, default=0, help="without --model: the weights' seed")
     viz.add_argument("--html", metavar="FILE", help="write the HTML report here")
     viz.add_argument("--png", metavar="DIR", help="write one heatmap PNG per layer here")
+    viz.add_argument(
+        "--svg", metavar="DIR", help="write one heatmap SVG per layer here (vector, for papers)"
+    )
     viz.add_argument("--bertviz", metavar="FILE", help="write the attentions as bertviz JSON")
     viz.set_defaults(handler=run)
 
@@ -81,11 +85,14 @@ def run(args: argparse.Namespace) -> None:
             (ids, tokens) = encoded[0]
             _, attentions = model(torch.tensor([ids]), return_attention=True)
             where = {"tokens": tokens}
-    html = args.html or (None if (args.png or args.bertviz) else "runs/viz/report.html")
+    pictures = args.png or args.svg or args.bertviz
+    html = args.html or (None if pictures else "runs/viz/report.html")
     written = []
     try:
-        if args.png:
-            out = Path(args.png)
+        for folder, suffix in ((args.png, "png"), (args.svg, "svg")):
+            if not folder:
+                continue
+            out = Path(folder)
             out.mkdir(parents=True, exist_ok=True)
             for name, layers in attentions.items() if seq2seq else [("self", attentions)]:
                 queries = where.get("tokens") or (
@@ -93,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
                 )
                 keys = where["src_tokens"] if name == "cross" else None
                 for i, w in enumerate(layers):
-                    path = out / f"{name}_layer{i}.png"
+                    path = out / f"{name}_layer{i}.{suffix}"
                     plot_attention_heads(w[0], queries, keys, path, title=f"{name}, layer {i}")
                     written.append(path)
         if args.bertviz:
