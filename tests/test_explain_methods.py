@@ -517,3 +517,24 @@ def test_explain_methods_refuse_bad_input_in_one_line(capsys, argv, message):
     status, out, err = _cli(argv, capsys)
     assert status == 2, out
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_explain_html_puts_the_tables_pictures_attention_and_rollout_in_one_page(tmp_path, capsys):
+    import json
+    import re
+
+    html = tmp_path / "report" / "lens.html"
+    status, out, _ = _cli(["explain", "lens", SNAKE, "--html", str(html)], capsys)
+    assert status == 0 and f"wrote {html}" in out
+    page = html.read_text(encoding="utf-8")
+    assert '<pre class="output">' in page and "embeddings" in page  # the printed table
+    assert '<img src="lens.png"' in page and (html.parent / "lens.png").exists()
+    block = re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page)
+    sections = json.loads(block.group(1))["sections"]
+    assert [s["name"] for s in sections] == ["self-attention", "attention rollout"]
+    rollout = torch.tensor(sections[1]["weights"]).reshape(sections[1]["shape"])
+    model = ak.DecoderLM(ak.ModelConfig.preset("tiny", vocab_size=512))  # the command's model
+    assert rollout.shape == (model.cfg.n_layers, 1, 6, 6)
+    torch.testing.assert_close(
+        rollout.sum(-1), torch.ones(model.cfg.n_layers, 1, 6), atol=1e-3, rtol=0
+    )

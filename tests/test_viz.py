@@ -16,6 +16,7 @@ def test_viz_of_an_untrained_encoder_decoder_writes_all_three_attentions(tmp_pat
     page = html.read_text()
     for name in ("encoder self-attention", "decoder self-attention", "cross-attention"):
         assert name in page
+    assert "encoder rollout" in page and "decoder rollout" in page  # attention followed down
     assert "http://" not in page and "https://" not in page  # offline
     assert sorted(p.name for p in png.iterdir()) == sorted(
         f"{kind}_layer{i}.png" for kind in ("encoder", "decoder", "cross") for i in (0, 1)

@@ -73,6 +73,12 @@ def add_arguments(explain: argparse.ArgumentParser) -> None:
         help="encoder-decoder: which stack (default: encoder for rollout and flow, else decoder)",
     )
     group.add_argument("--svg", metavar="FILE", help="also draw the result as SVG (vector)")
+    group.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the offline report: the printed tables, the pictures (a PNG beside "
+        "the report unless --png), every layer and head of the text's attention and its rollout",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,7 +194,10 @@ def draw(args, plot) -> None:
                 raise UsageError(f"--{option}: the file name must end in .{option}, got {path!r}")
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                print(f"wrote {plot(path)}")
+                written = plot(path)
+                print(f"wrote {written}")
+                if option == "png":
+                    getattr(args, "drawn", []).append(written)
             except (OSError, ValueError) as error:
                 raise UsageError(f"--{option}: cannot write {path}: {error}") from None
 
@@ -452,7 +461,9 @@ def _patch(args) -> None:
         ),
     )  # fmt: skip
     draw(
-        argparse.Namespace(png=heads_path.get("png"), svg=heads_path.get("svg")),
+        argparse.Namespace(
+            png=heads_path.get("png"), svg=heads_path.get("svg"), drawn=getattr(args, "drawn", [])
+        ),
         lambda path: plot_grid(
             restored_heads, layers, [f"head {h}" for h in range(heads.shape[1])], path,
             title=f"activation patching of heads: {what}", label="share restored",
@@ -517,9 +528,45 @@ def _attribute(args) -> None:
     )
 
 
+def _report(args, printed: str) -> None:
+    """--html: the method's output, its pictures and the text's attention, in one page."""
+    from attnkit.explain import attention_sections, render_attention_html
+    from attnkit.explain.report import rollout_sections
+
+    subject = Subject(args, "decoder" if args.topic not in ("rollout", "flow") else "encoder")
+    with torch.no_grad():
+        if subject.kind == "Transformer":
+            tgt, tgt_tokens = _target(subject, args)
+            _, attentions = subject.model(subject.ids, tgt, return_attention=True)
+            where = {"src_tokens": subject.tokens, "tgt_tokens": tgt_tokens}
+        else:
+            _, attentions = subject.model(subject.ids, return_attention=True)
+            where = {"tokens": subject.tokens}
+    sections = attention_sections(attentions, **where) + rollout_sections(attentions, **where)
+    try:
+        path = render_attention_html(
+            sections,
+            args.html,
+            title=f"attnkit explain {args.topic}",
+            images=args.drawn,
+            notes=[f"Model: {subject.source}", f"Text: {args.text}"]
+            + ([f"Corrupted: {args.corrupted}"] if args.corrupted else [])
+            + ([f"Target: {args.target}"] if args.target else []),
+            texts=[printed],
+        )
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--html: cannot write {args.html}: {error}") from None
+    print(f"wrote {path}")
+
+
 def run_method(args: argparse.Namespace) -> None:
     if args.text is None:
         raise UsageError(f"explain {args.topic}: give TEXT, e.g. {EXAMPLES.splitlines()[0]}")
+    args.drawn = []
+    if args.html and not args.png:
+        if Path(args.html).suffix.lower() not in (".html", ".htm"):
+            raise UsageError(f"--html: the file name must end in .html, got {args.html!r}")
+        args.png = str(Path(args.html).with_suffix(".png"))
     handler = {
         "rollout": _rollout,
         "flow": _rollout,
@@ -528,4 +575,15 @@ def run_method(args: argparse.Namespace) -> None:
         "patch": _patch,
         "attribute": _attribute,
     }[args.topic]
-    handler(args)
+    if not args.html:
+        handler(args)
+        return
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        handler(args)
+    print(buffer.getvalue(), end="")
+    _report(args, "\n".join(line for line in buffer.getvalue().splitlines()
+                            if not line.startswith("wrote ")))  # fmt: skip

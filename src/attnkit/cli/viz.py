@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> None:
         plot_attention_heads,
         render_attention_html,
     )
+    from attnkit.explain.report import rollout_sections
 
     family = {"encoder": "encoder-only", "decoder": "decoder-only"}.get(args.family, args.family)
     texts = [args.text] + ([args.target] if args.target else [])
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
             )
             written.append(
                 render_attention_html(
-                    attention_sections(attentions, **where),
+                    attention_sections(attentions, **where) + rollout_sections(attentions, **where),
                     html,
                     title=f"attnkit: attention of {source}",
                     images=[p for p in written if str(p).endswith(".png")],

@@ -43,7 +43,7 @@ from attnkit.explain._attentions import select_example
 from attnkit.explain._checks import as_array, check_positive_int, check_tokens
 from attnkit.files import atomic_write_text
 
-__all__ = ["attention_sections", "render_attention_html"]
+__all__ = ["attention_sections", "render_attention_html", "rollout_sections"]
 
 PathLike = str | os.PathLike[str]
 
@@ -100,6 +100,46 @@ def attention_sections(
             )
         sections.append(
             {"name": name, "query_tokens": queries, "key_tokens": keys, "weights": layers}
+        )
+    return sections
+
+
+def rollout_sections(
+    attentions,
+    tokens: Sequence[str] | None = None,
+    *,
+    src_tokens: Sequence[str] | None = None,
+    tgt_tokens: Sequence[str] | None = None,
+    index: int = 0,
+) -> list[dict[str, Any]]:
+    """Report sections of attention rollout (:mod:`attnkit.explain.rollout`), taking the same
+    arguments as :func:`attention_sections`: for each self-attention stack, "layer" l shows
+    the rollout through layers 0..l (one matrix: heads averaged, the residual counted)."""
+    from attnkit.explain.rollout import rollout_by_layer
+
+    example = select_example(attentions, index, "rollout_sections")
+    stacks = (
+        [("attention rollout", example, tokens)]
+        if isinstance(example, list)
+        else [
+            (f"{key} rollout", example[key], src_tokens if key == "encoder" else tgt_tokens)
+            for key in ("encoder", "decoder")
+            if key in example
+        ]
+    )
+    sections = []
+    for name, layers, queries in stacks:
+        if queries is None:
+            raise ValueError(f"rollout_sections: {name} needs its tokens")
+        rolled = rollout_by_layer([w[None] for w in layers])[:, 0]  # (L, N, N)
+        sections.append(
+            {
+                "name": name,
+                "query_tokens": queries,
+                "weights": rolled[:, None],  # (L, 1, N, N)
+                "description": "layer l: the rollout through layers 0..l (heads averaged, "
+                "residual counted): row i = the share of each input token in position i",
+            }
         )
     return sections
 
@@ -253,7 +293,7 @@ _CSS = _asset("report.css")
 _JS = _asset("report.js")
 
 
-def _page(title: str, packed: list[dict], images: list[tuple[str, str]], notes) -> str:
+def _page(title: str, packed: list[dict], images: list[tuple[str, str]], notes, texts=()) -> str:
     """The whole HTML document as a string."""
     e = html.escape
     parts = [
@@ -274,6 +314,7 @@ def _page(title: str, packed: list[dict], images: list[tuple[str, str]], notes) 
         parts.append('<div class="notes">')
         parts.extend(f"<p>{e(note)}</p>" for note in notes)
         parts.append("</div>")
+    parts.extend(f'<pre class="output">{e(text)}</pre>' for text in texts)
     if packed:
         numbers = "checked " if max(s["shape"][3] for s in packed) <= 20 else ""
         parts += [
@@ -324,6 +365,7 @@ def render_attention_html(
     images: Sequence[PathLike | tuple[PathLike, str]] = (),
     notes: Sequence[str] = (),
     decimals: int = 4,
+    texts: Sequence[str] = (),
 ) -> Path:
     """Write the interactive attention report to ``path`` (one offline HTML file); return it.
 
@@ -341,6 +383,8 @@ def render_attention_html(
             directory (or absolute paths, made relative), each optionally a
             ``(path, caption)`` pair. URLs are refused: the report is offline.
         notes: paragraphs of plain text shown under the title.
+        texts: blocks of preformatted plain text (a command's printed tables) shown under the
+            notes.
         decimals: weights are rounded to this many decimals in the file.
     """
     owner = "render_attention_html"
@@ -350,12 +394,14 @@ def render_attention_html(
         raise TypeError(f"{owner}: title must be a string, got {type(title).__name__}")
     if isinstance(notes, str) or not all(isinstance(n, str) for n in notes):
         raise TypeError(f"{owner}: notes must be a list of strings, got {notes!r}")
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"{owner}: texts must be a list of strings, got {texts!r}")
     if isinstance(images, str | os.PathLike):
         raise TypeError(f"{owner}: images must be a list of paths, got a single {images!r}")
     check_positive_int(owner, "decimals", decimals)
-    if not sections and not images:
+    if not sections and not images and not texts:
         raise ValueError(f"{owner}: nothing to show: sections and images are both empty")
     packed = [_pack_section(section, i, decimals) for i, section in enumerate(sections)]
     report_dir = Path(path).parent
-    page = _page(title, packed, _images(images, report_dir), list(notes))
+    page = _page(title, packed, _images(images, report_dir), list(notes), list(texts))
     return atomic_write_text(path, page, owner)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["attention_flow", "attention_rollout", "layer_matrices"]
+__all__ = ["attention_flow", "attention_rollout", "layer_matrices", "rollout_by_layer"]
 
 
 def layer_matrices(attentions, residual: bool = True, owner: str = "layer_matrices") -> np.ndarray:
@@ -83,6 +83,17 @@ def attention_rollout(attentions, residual: bool = True) -> Tensor:
     for layer in mats[1:]:
         joint = layer @ joint  # R_l = Â_l · R_(l-1)
     return torch.from_numpy(joint).to(attentions[0].dtype)
+
+
+def rollout_by_layer(attentions, residual: bool = True) -> Tensor:
+    """The rollout through layers 0..l for every l: ``(L, B, N, N)``; the last entry is
+    :func:`attention_rollout`. The report shows it as a section with one "head" per layer."""
+    mats = layer_matrices(attentions, residual, owner="rollout_by_layer")
+    joint, out = mats[0], [mats[0]]
+    for layer in mats[1:]:
+        joint = layer @ joint
+        out.append(joint)
+    return torch.from_numpy(np.stack(out)).to(attentions[0].dtype)
 
 
 def attention_flow(attentions, residual: bool = True, *, progress=None) -> Tensor:
