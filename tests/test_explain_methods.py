@@ -18,7 +18,11 @@ import torch
 import transformers
 
 import attnkit as ak
-from attnkit.explain.attribution import attribute_classifier, attribute_translation
+from attnkit.explain.attribution import (
+    attribute_classifier,
+    attribute_next_token,
+    attribute_translation,
+)
 from attnkit.explain.interventions import ablate_heads, patch_heads, patch_residual
 from attnkit.explain.lens import logit_lens
 from attnkit.explain.rollout import attention_flow, attention_rollout
@@ -410,6 +414,12 @@ def test_integrated_gradients_add_up_to_the_change_from_the_baseline():
     with torch.no_grad():
         change = word_logprobs(CLEAN) - word_logprobs(torch.zeros_like(CLEAN))
     torch.testing.assert_close(rows.sum(-1), change, atol=2e-3, rtol=1e-2)
+
+    decoder = _tiny("decoder")
+    scores = attribute_next_token(decoder, CLEAN, target=3, steps=100)
+    with torch.no_grad():
+        logp = [decoder(x)[0, -1].log_softmax(-1)[3] for x in (CLEAN, torch.zeros_like(CLEAN))]
+    assert abs(scores.sum().item() - (logp[0] - logp[1]).item()) < 2e-3
 
 
 def test_input_x_gradient_is_the_embedding_times_its_gradient():

@@ -330,3 +330,37 @@ def test_chat_command_keeps_the_conversation(smollm2):
     assert replies[1] == smollm2(conversation, 256).strip()  # the first turn was in the prompt
     assert "type a message" in out.stderr
     assert re.search(r", \d+ CPU thread\(s\), chat template: from the model", out.stderr)
+
+
+@pytest.mark.needs("chromium")
+def test_the_attention_page_stays_responsive_over_2048_tokens(server):
+    """A reply token over a context of about 2,048 tokens: its attention (30 layers x 9 heads x
+    the context) arrives and is drawn in under 3 s, and a hover answers within 100 ms."""
+    browser = Browser(CHROMIUM)
+    try:
+        browser.open(server + "/")
+        sentence = "The animal didn't cross the street because it was too tired. "
+        browser.js(
+            "document.getElementById('chat').checked = false;"
+            f"document.getElementById('prompt').value = {sentence!r}.repeat(157);"
+            "document.getElementById('max-tokens').value = '2'; true"
+        )
+        browser.click("#send")
+        browser.wait_for("document.body.dataset.done === '1'", timeout=240)
+        browser.js("window.t0 = performance.now(); document.querySelector('.tok.new').click(); 1")
+        browser.wait_for("document.body.dataset.drawn !== undefined", timeout=60)
+        took = browser.js("performance.now() - window.t0")
+        columns = int(browser.js("document.getElementById('heat').dataset.cols"))
+        assert 2000 <= columns <= 2100, columns  # the whole context, one column per token
+        assert took < 3000, f"the attention of one token took {took:.0f} ms to arrive and draw"
+        hover = browser.js(
+            "(() => { const c = document.getElementById('heat'), d = c.dataset,"
+            " b = c.getBoundingClientRect(), t = performance.now();"
+            " c.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + +d.left + 100,"
+            " clientY: b.top + +d.top + 5 * +d.row + 2, bubbles: true}));"
+            " return performance.now() - t; })()"
+        )
+        assert hover < 100, f"a hover took {hover:.0f} ms"
+        assert browser.js("document.getElementById('heat-cell').textContent").startswith("layer 5")
+    finally:
+        browser.close()

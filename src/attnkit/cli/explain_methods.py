@@ -120,8 +120,8 @@ class Subject:
             self.model = build(cfg).eval()
             self.tokenizer = None
             self.source = f"untrained preset {args.preset!r} ({family}, seed {args.seed})"
-        self.ids, self.tokens = self.encode(args.text, "TEXT")
         self.kind = type(self.model).__name__
+        self.ids, self.tokens = self.encode(args.text, "TEXT")
 
     def encode(self, text: str, what: str) -> tuple[torch.Tensor, list[str]]:
         if self.tokenizer is None:
@@ -129,11 +129,22 @@ class Subject:
             ids = [self.vocab[w] for w in words]
             tokens = words
         else:
-            ids = self.tokenizer.encode(text)
-            tokens = [self.tokenizer.decode([i], skip_special=False) for i in ids]
+            if self.kind == "EncoderClassifier":  # [CLS] first, as the classifier was trained
+                from attnkit.training.classification import encode_for_classifier
+
+                ids = encode_for_classifier(self.tokenizer, text, self.model.cfg.max_len)
+            else:
+                ids = self.tokenizer.encode(text)
+            tokens = [self._token(i) for i in ids]
         if not ids:
             raise UsageError(f"explain: {what} gives no tokens")
         return torch.tensor([ids]), tokens
+
+    def _token(self, token_id: int) -> str:
+        """A token as it reads: its text, or its name for a special token ([CLS])."""
+        text = self.tokenizer.decode([token_id], skip_special=False)
+        to_token = getattr(self.tokenizer, "id_to_token", None)
+        return text if text or to_token is None else to_token(token_id)
 
     def token_id(self, text: str, option: str) -> int:
         """One vocabulary entry: as written, or as a word after a space (' animal')."""
@@ -356,11 +367,9 @@ def _measure(subject: Subject, args):
             label = int(model(subject.ids)[0].argmax()) if args.label is None else args.label
         if not 0 <= label < classes:
             raise UsageError(f"--label: must be a class in [0, {classes}), got {label}")
-        return (
-            (lambda ids: lambda m: m(ids)),
-            (lambda out: out.log_softmax(-1)[0, label]),
-            (f"log p(class {label})"),
-        )
+        names = getattr(model, "labels", None) or []
+        text = f"log p(class {label}" + (f" {names[label]})" if label < len(names) else ")")
+        return (lambda ids: lambda m: m(ids)), (lambda out: out.log_softmax(-1)[0, label]), text
     if kind == "Transformer":
         tgt, _ = _target(subject, args)
 
@@ -508,7 +517,9 @@ def _attribute(args) -> None:
             scores = attribute_classifier(model, subject.ids, target=args.label, **options)[0]
             with torch.no_grad():
                 label = int(model(subject.ids)[0].argmax()) if args.label is None else args.label
-            what = f"class {label} logit"
+            names = getattr(model, "labels", None) or []
+            what = f"class {label}" + (f" ({names[label]})" if label < len(names) else "")
+            what += " logit"
         else:
             raise UsageError(
                 f"explain attribute: needs a decoder, a classifier or an encoder-decoder, "

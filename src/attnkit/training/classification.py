@@ -65,7 +65,7 @@ def classification_metrics(
     return result
 
 
-def _encode(tokenizer, text: str, max_len: int) -> list[int]:
+def encode_for_classifier(tokenizer, text: str, max_len: int) -> list[int]:
     """``[CLS]`` + the text's tokens, cut to ``max_len`` ids in all. A pretrained tokenizer adds
     its model's own special tokens (``[CLS] ... [SEP]``, ``<s> ... </s>``) and keeps them."""
     try:
@@ -84,7 +84,9 @@ def classify(
     if isinstance(texts, str):
         raise TypeError("classify: texts must be a list of strings, got one string")
     max_len = max_len or model.cfg.max_len
-    ids, mask = pad_batch([_encode(tokenizer, t, max_len) for t in texts], tokenizer.pad_id)
+    ids, mask = pad_batch(
+        [encode_for_classifier(tokenizer, t, max_len) for t in texts], tokenizer.pad_id
+    )
     ids, mask = on_device(model, {"ids": ids, "mask": mask}).values()  # (B, N) x 2
     was_training = model.training
     model.eval()
@@ -134,7 +136,7 @@ class ClassificationTask(ExampleTask):
                     f"ClassificationTask: label {bad[0]!r} in the {split} split is outside "
                     f"[0, {len(self.labels)}) for labels {self.labels}"
                 )
-            self.ids[split] = [_encode(tokenizer, text, max_len) for text, _ in items]
+            self.ids[split] = [encode_for_classifier(tokenizer, text, max_len) for text, _ in items]
             self.targets[split] = torch.tensor([y for _, y in items], dtype=torch.long)
         self.lengths = [len(ids) for ids in self.ids["train"]]
 
