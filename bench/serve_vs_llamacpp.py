@@ -107,6 +107,35 @@ def score_all(url: str, items) -> list[list[list[float]]]:
     return [[scores(url, context, c) for c in options] for context, options, _ in items]
 
 
+def api_scores(items, threads: int) -> list[list[list[float]]]:
+    """Each continuation's token log-probabilities from llama.cpp's own logits (its Python API,
+    not the server): the text's tokens after the context's, as lm-eval splits a pair."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    from common import llama_cpp_n_batch
+
+    n_batch = llama_cpp_n_batch(model_path(), threads)
+    llm = Llama(
+        model_path=str(model_path()), n_threads=threads, n_ctx=512, n_batch=n_batch,
+        logits_all=True, verbose=False,
+    )  # fmt: skip
+    out = []
+    for context, options, _ in items:
+        per_choice = []
+        for option in options:
+            n = len(llm.tokenize(context.encode(), add_bos=False))
+            whole = llm.tokenize((context + option).encode(), add_bos=False)
+            llm.reset()
+            llm.eval(whole)
+            logits = np.asarray(llm.scores[: len(whole)], dtype=np.float64)
+            top = logits.max(-1, keepdims=True)
+            logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+            per_choice.append([float(logp[i - 1, whole[i]]) for i in range(n, len(whole))])
+        out.append(per_choice)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -127,8 +156,16 @@ def main() -> None:
     finally:
         theirs.terminate()
         theirs.wait(timeout=30)
+    llama_api = api_scores(items, args.threads)
 
     gaps, mismatched = [], 0
+    api_gaps = [
+        abs(a - b)
+        for ours_q, theirs_q in zip(attnkit, llama_api, strict=True)
+        for ours_c, theirs_c in zip(ours_q, theirs_q, strict=True)
+        if len(ours_c) == len(theirs_c)
+        for a, b in zip(ours_c, theirs_c, strict=True)
+    ]
     for ours_q, theirs_q in zip(attnkit, llama, strict=True):
         for ours_c, theirs_c in zip(ours_q, theirs_q, strict=True):
             if len(ours_c) != len(theirs_c):  # the two tokenizers split it differently
@@ -161,7 +198,10 @@ def main() -> None:
         "choices tokenized differently": mismatched,
         "echo: logprob difference, mean": statistics.mean(gaps),
         "accuracy attnkit": accuracy(attnkit),
-        "accuracy llama.cpp": accuracy(llama),
+        "accuracy llama.cpp (server echo)": accuracy(llama),
+        "accuracy llama.cpp (its own logits)": accuracy(llama_api),
+        "own logits: logprob difference, mean": statistics.mean(api_gaps),
+        "own logits: logprob difference, max": max(api_gaps),
     }
     print(f"{len(items)} questions; llama.cpp's echo accuracy is not the model's (see --help)")
     for name, value in figures.items():

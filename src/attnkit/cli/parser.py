@@ -17,6 +17,7 @@ from attnkit.cli import (
     generate,
     info,
     models,
+    perplexity,
     quantize,
     serve,
     train,
@@ -28,7 +29,7 @@ from attnkit.cli.common import Parser
 
 # every command, in the order `attnkit --help` lists them; each module has register() and run()
 COMMANDS = (
-    explain, demo, viz, models, info, generate, embed, quantize,
+    explain, demo, viz, models, info, generate, perplexity, embed, quantize,
     train, evaluate, translate, average, tune_length_penalty, classify, serve, chat,
 )  # fmt: skip
 

@@ -153,9 +153,11 @@ def create_app(
             requests.append(request)
         return requests
 
-    def grammar(body, schema: dict | None = None, param: str = "response_format") -> str | None:
+    def grammar(
+        body, schema: dict | None = None, param: str = "response_format", text_allowed=False
+    ) -> str | None:
         """The grammar of ``schema`` (by default ``response_format``'s; None: free text),
-        compiled and checked."""
+        compiled and checked; with ``text_allowed``, of that or of text (tool_choice auto)."""
         if schema is None and body.response_format is not None:
             schema = body.response_format.schema()
         if schema is None:
@@ -164,6 +166,8 @@ def create_app(
         if why is not None:
             raise error(400, f"{param}: {why}", param)
         try:
+            if text_allowed:
+                return engine.grammars.call_or_text(schema)
             return engine.grammars.json_schema(schema)
         except ValueError as problem:
             raise error(400, f"{param}: {problem}", param) from None
@@ -310,12 +314,12 @@ def create_app(
         if body.top_logprobs is not None and not body.logprobs:
             raise error(400, "top_logprobs needs logprobs: true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        tools = chosen_tools(body)
+        tools, text_allowed = chosen_tools(body)
         if tools and body.response_format and body.response_format.type != "text":
             raise error(400, "response_format cannot be used with tool calls", "response_format")
-        if tools:  # the model is told about them; the answer is held to a call of one
+        if tools:  # the model is told about them; the answer is held to a call (or text)
             messages = _with_system(messages, tools_message(tools))
-            rule = grammar(body, call_schema(tools), "tools")
+            rule = grammar(body, call_schema(tools), "tools", text_allowed=text_allowed)
         else:
             rule = grammar(body)
         prompt = render(messages)

@@ -98,6 +98,20 @@ class Grammars:
             raise ValueError(f"the JSON schema cannot be used: {first}")
         return grammar
 
+    def call_or_text(self, schema: dict) -> str:
+        """The grammar of a JSON value ``schema`` accepts, or of text that does not start with
+        ``{`` or a space: the model chooses at its first token (tool_choice "auto")."""
+        import llguidance
+
+        compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        call = json.dumps({**schema, "x-guidance": compact})
+        lark = f"start: call | text\ncall: %json {call}\ntext: /[^{{\\s](.|\\n)*/\n"
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        message = llguidance.LLMatcher.validate_grammar(grammar, self._lltokenizer())
+        if message and not message.startswith("WARNING"):
+            raise ValueError(f"the tools cannot be used: {message.strip().splitlines()[0]}")
+        return grammar
+
     def matcher(self, grammar: str) -> Matcher:
         import llguidance
 

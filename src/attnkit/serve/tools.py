@@ -1,14 +1,17 @@
-"""Tool calls: ``tools`` with ``tool_choice`` ``"required"`` or a named function, answered as
-OpenAI's ``tool_calls`` by constrained decoding.
+"""Tool calls: ``tools`` with ``tool_choice`` ``"auto"``, ``"required"`` or a named function,
+answered as OpenAI's ``tool_calls`` by constrained decoding.
 
 The model is told about the tools in a system message (their names, descriptions and parameter
 schemas, and the shape of a call), and its answer is held by the grammar of a call: a JSON
 object ``{"name": one of the offered names, "arguments": an object that the function's
 ``parameters`` schema accepts}`` (:mod:`attnkit.serve.grammar`). So every call names a real
 function and its arguments validate, whatever the model would have written. ``"none"`` answers
-in text, as if no tools were given. ``"auto"`` (the model decides between text and a call) is
-refused: telling a call from text needs the model's own tool-call format, which attnkit does not
-parse. A ``tool`` message in the next turn goes through the chat template like any other.
+in text, as if no tools were given. ``"auto"`` (the default when tools are given) lets the model
+choose at its first token: the grammar is "a call, or text that does not start with ``{``", so
+an answer is either a whole call (``tool_calls``) or plain text (``content``), never a
+half-call to guess at. This needs no model-specific tool-call format, so it works with any chat
+template; a template that knows tools gets them in the system message like any other. A ``tool``
+message in the next turn goes through the chat template like any other.
 """
 
 from __future__ import annotations
@@ -21,23 +24,19 @@ from attnkit.serve.schema import ChatBody, Tool, ToolChoice, error
 __all__ = ["call_schema", "chosen_tools", "tool_calls", "tools_message"]
 
 
-def chosen_tools(body: ChatBody) -> list[Tool] | None:
-    """The tools the answer must call one of (None: a text answer), as ``tool_choice`` says."""
+def chosen_tools(body: ChatBody) -> tuple[list[Tool] | None, bool]:
+    """The tools the answer may call one of (None: a text answer), as ``tool_choice`` says, and
+    whether text is allowed instead (``"auto"``)."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
             raise error(400, "tool_choice needs tools", "tool_choice")
-        return None
+        return None, True
     choice = "auto" if choice is None else choice
     if choice == "none":
-        return None
+        return None, True
     if choice == "auto":
-        raise error(
-            400,
-            "tool_choice 'auto' is not supported: attnkit does not parse a model's own "
-            "tool-call format; send tool_choice 'required' or name a function",
-            "tool_choice",
-        )
+        return list(body.tools), True
     if isinstance(choice, ToolChoice):
         named = [t for t in body.tools if t.function.name == choice.function.name]
         if not named:
@@ -48,8 +47,8 @@ def chosen_tools(body: ChatBody) -> list[Tool] | None:
                 f"({offered})",
                 "tool_choice",
             )
-        return named
-    return list(body.tools)
+        return named, False
+    return list(body.tools), False
 
 
 def _parameters(tool: Tool) -> dict:
@@ -73,7 +72,7 @@ def call_schema(tools: list[Tool]) -> dict:
 def tools_message(tools: list[Tool]) -> str:
     """The system message that tells the model which functions it may call, and how."""
     lines = [
-        "You can call functions. Answer with one JSON object "
+        "You can call functions. To call one, answer with one JSON object "
         '{"name": <function name>, "arguments": <an object of its parameters>}.',
         "Functions:",
     ]
@@ -90,6 +89,8 @@ def tool_calls(text: str, index: int) -> list[dict] | None:
     try:
         call = json.loads(text)
     except ValueError:
+        return None
+    if not isinstance(call, dict) or "name" not in call or "arguments" not in call:
         return None
     arguments = json.dumps(call["arguments"], ensure_ascii=False)
     function = {"name": call["name"], "arguments": arguments}

@@ -1,0 +1,94 @@
+"""Perplexity of SmolLM2 (Q4_1 GGUF) on the same windows of the same tokens: attnkit's packed
+path, attnkit in float32 (every weight dequantized), and llama.cpp (llama-cpp-python's logits).
+
+The text is the validation split of the shipped Shakespeare corpus, tokenized once by attnkit;
+llama.cpp evaluates exactly those token ids. Each path scores the second half of consecutive
+windows of --ctx tokens, each window starting with BOS, as llama-perplexity does
+(``attnkit.training.perplexity``). The figures go to the per-CPU results table.
+
+    python bench/perplexity.py [--windows 8] [--ctx 512] [--threads 2]
+
+llama-cpp-python 0.3.36 dies with SIGILL in its batched prompt path on some CPUs (an Intel Xeon
+with AMX); there it runs with n_batch=1 (slower, the same logits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+import torch
+
+from common import cpu_description, llama_cpp_n_batch, save_results
+from gguf_speed import model_path
+
+
+def llama_cpp_perplexity(ids: list[int], ctx: int, windows: int, threads: int, bos: int):
+    from llama_cpp import Llama
+
+    n_batch = llama_cpp_n_batch(model_path(), threads)
+    llm = Llama(
+        model_path=str(model_path()), n_threads=threads, n_ctx=ctx, n_batch=min(n_batch, ctx),
+        logits_all=True, verbose=False,
+    )  # fmt: skip
+    losses = []
+    first = ctx // 2
+    for w in range(windows):
+        window = list(ids[w * ctx : (w + 1) * ctx])
+        window[0] = bos
+        llm.reset()
+        llm.eval(window)
+        logits = np.asarray(llm.scores[first : ctx - 1], dtype=np.float64)
+        top = logits.max(-1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        losses += [-logp[k, window[first + 1 + k]] for k in range(ctx - 1 - first)]
+    losses = np.array(losses)
+    mean = float(losses.mean())
+    value = math.exp(mean)
+    return value, value * float(losses.std(ddof=1)) / math.sqrt(len(losses)), len(losses)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--ctx", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import attnkit as ak
+    from attnkit.data import load_shakespeare
+    from attnkit.interop import load_tokenizer_for
+    from attnkit.training.perplexity import perplexity
+
+    print(f"CPU: {cpu_description()}")
+    tokenizer = load_tokenizer_for("smollm2")
+    ids = tokenizer.encode(load_shakespeare().validation, add_special_tokens=False)
+    figures = {"tokens in the text": len(ids), "ctx": args.ctx, "windows": args.windows}
+    rows = []
+    for name, dequantize in (("attnkit packed (Q4_1 blocks)", False), ("attnkit float32", True)):
+        model = ak.from_pretrained("smollm2", dequantize=dequantize).eval()
+        start = time.perf_counter()
+        result = perplexity(model, ids, context=args.ctx, windows=args.windows)
+        rows.append((name, result.value, result.error, time.perf_counter() - start))
+        bos = model.cfg.bos_id
+        del model
+    start = time.perf_counter()
+    value, error, _ = llama_cpp_perplexity(ids, args.ctx, args.windows, args.threads, bos)
+    rows.append(("llama.cpp (its logits, same tokens)", value, error, time.perf_counter() - start))
+    print(f"Shakespeare (validation split), {args.windows} windows of {args.ctx} tokens")
+    print(f"{'path':<38}{'perplexity':>12}{'+/-':>9}{'seconds':>10}")
+    for name, value, error, seconds in rows:
+        print(f"{name:<38}{value:>12.4f}{error:>9.4f}{seconds:>10.1f}")
+        figures[f"perplexity {name}"] = value
+        figures[f"seconds {name}"] = seconds
+    base = rows[1][1]
+    for name, value, _, _ in (rows[0], rows[2]):
+        print(f"  {name}: {100 * (value / base - 1):+.3f}% against float32")
+    print(f"wrote {save_results('perplexity', figures)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""attnkit perplexity: llama-perplexity's measure (windows, the second half of each scored),
+against the same sum written out here, and the command's one-line refusals."""
+
+import math
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.cli import main
+from attnkit.data import CharTokenizer
+from attnkit.training.perplexity import perplexity
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=40, max_len=64, bos_id=1)
+    return ak.DecoderLM(cfg).eval()
+
+
+def test_perplexity_scores_the_second_half_of_each_window_after_bos():
+    model = _model()
+    ids = torch.randint(3, 40, (150,), generator=torch.Generator().manual_seed(1))
+    result = perplexity(model, ids, context=32)
+    assert (result.windows, result.tokens, result.context) == (4, 4 * 15, 32)  # 150 // 32 = 4
+    losses = []
+    for w in range(4):  # written out: BOS first, then score tokens 17..31 from their prefixes
+        window = ids[w * 32 : (w + 1) * 32].clone()
+        window[0] = 1
+        for j in range(16, 31):
+            with torch.no_grad():
+                logits = model(window[None, : j + 1])[0, -1]
+            losses.append(-torch.log_softmax(logits.double(), -1)[window[j + 1]].item())
+    mean = sum(losses) / len(losses)
+    assert result.value == pytest.approx(math.exp(mean), rel=1e-5)
+    spread = torch.tensor(losses).std().item() / math.sqrt(len(losses))
+    assert result.error == pytest.approx(math.exp(mean) * spread, rel=1e-4)
+    assert perplexity(model, ids, context=32, windows=2).windows == 2
+
+
+def test_perplexity_refuses_bad_input_in_one_line():
+    model = _model()
+    with pytest.raises(ValueError, match="fewer than one window of 32"):
+        perplexity(model, list(range(3, 20)), context=32)
+    with pytest.raises(ValueError, match="longer than the model's 64 positions"):
+        perplexity(model, list(range(3, 30)) * 10, context=128)
+    with pytest.raises(TypeError, match="decoder-only"):
+        perplexity(ak.EncoderModel(model.cfg), [3] * 100, context=32)
+
+
+def test_the_perplexity_command(tmp_path, capsys):
+    text = "to be or not to be, that is the question. " * 40
+    tok = CharTokenizer.train([text])
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=64)
+    ak.DecoderLM(cfg).save_pretrained(tmp_path / "m", tokenizer=tok)
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    assert main(["perplexity", str(tmp_path / "m"), str(tmp_path / "t.txt"), "--ctx", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens scored in 26 windows of 64" in out  # 1,720 characters // 64
+    value = float(out.split("perplexity ")[1].split()[0])
+    assert 1 < value < 2 * tok.vocab_size  # an untrained model: near the vocabulary's size
+    for argv, message in [
+        ([str(tmp_path / "m"), "missing.txt"], "TEXT: no such file"),
+        ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--ctx", "2"], "--ctx: must be at least"),
+        ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--ctx", "128"], "--ctx=128 is longer"),
+        ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--windows", "0"], "--windows"),
+        ([str(tmp_path / "nothing"), str(tmp_path / "t.txt")], "MODEL"),
+    ]:
+        assert main(["perplexity", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
