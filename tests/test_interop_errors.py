@@ -205,7 +205,7 @@ BERT_CONFIGS = [
         {"model_type": "t5"},
         r"model type 't5' is not supported; "
         r"attnkit reads Hugging Face directories of "
-        r"\['bert', 'gpt2', 'llama', 'roberta', 'xlm-roberta'\]",
+        r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'roberta', 'xlm-roberta'\]",
     ),
 ]
 

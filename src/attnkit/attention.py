@@ -126,12 +126,14 @@ class MultiHeadAttention(nn.Module):
         alibi: ALiBi | None = None,
         attention: str = "full",
         window: int | None = None,
+        d_head: int | None = None,
+        qk_norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention, window)
+        _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention, window, d_head)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.d_head = d_model // n_heads
+        self.d_head = d_model // n_heads if d_head is None else d_head
         self.dropout, self.rope, self.alibi = dropout, rope, alibi
         self.attention, self.window = attention, window
         backend = BACKENDS[attention]
@@ -140,7 +142,12 @@ class MultiHeadAttention(nn.Module):
         # speed lever chooses another for this layer (accel.prepare: "attnkit", its C kernel)
         self.attn_implementation = "sdpa"
         self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
+        # QK-norm (Gemma 3): each query and key head RMS-normalised before RoPE
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm = nn.RMSNorm(self.d_head, eps=qk_norm_eps)
+            self.k_norm = nn.RMSNorm(self.d_head, eps=qk_norm_eps)
 
     def forward(
         self,
@@ -186,7 +193,7 @@ class MultiHeadAttention(nn.Module):
         if not cross:
             positions = self._positions(positions, b, n, cache, x.device)
         if cross and cache is not None and cache.length:  # the source's keys, computed once
-            q, k, v = self._heads(self._project_q(x), self.n_heads), None, None
+            q, k, v = self._norm_q(self._heads(self._project_q(x), self.n_heads)), None, None
         else:
             q, k, v = self.project(x, context)  # (B, H, N, d), (B, H_kv, M, d) twice
         out, weights = self.attend(
@@ -194,7 +201,7 @@ class MultiHeadAttention(nn.Module):
             context_positions=context_positions, cross=cross, cache=cache,
             return_weights=return_weights,
         )  # fmt: skip
-        out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))  # Concat(heads) W^O
+        out = self.out_proj(out.transpose(1, 2).reshape(b, n, -1))  # Concat(heads) W^O
         return (out, weights) if return_weights else out
 
     def _varlen(self, x, context, rows, context_rows, *, mask, is_causal, positions,
@@ -231,7 +238,7 @@ class MultiHeadAttention(nn.Module):
             q, k, v, mask=mask, is_causal=is_causal, positions=positions,
             context_positions=context_positions, cross=cross, cache=None, return_weights=False,
         )  # fmt: skip
-        heads = out.transpose(1, 2).reshape(b, n, self.d_model)  # Concat(heads), (B, N, D)
+        heads = out.transpose(1, 2).reshape(b, n, -1)  # Concat(heads), (B, N, H d_head)
         return self.out_proj(rows.gather(heads))  # (1, T, D)
 
     def _plain_softmax(self) -> bool:
@@ -241,6 +248,7 @@ class MultiHeadAttention(nn.Module):
             self.attention == "full"
             and self.rope is None
             and self.alibi is None
+            and self.q_norm is None
             and self.n_kv_heads == self.n_heads
             and (self.dropout == 0.0 or not self.training)
         )
@@ -316,11 +324,13 @@ class MultiHeadAttention(nn.Module):
             q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
         else:
             q, (k, v) = qkv, kv.split([kv_width, kv_width], dim=-1)
-        return (
-            self._heads(q, self.n_heads),
-            self._heads(k, self.n_kv_heads),
-            self._heads(v, self.n_kv_heads),
-        )
+        q, k = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, self._heads(v, self.n_kv_heads)
+
+    def _norm_q(self, q: Tensor) -> Tensor:
+        return q if self.q_norm is None else self.q_norm(q)
 
     def _project_q(self, x: Tensor) -> Tensor:
         """x W^Q: the first n_heads * d_head rows of in_proj."""
@@ -394,7 +404,9 @@ class MultiHeadAttention(nn.Module):
                 )
 
 
-def _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention, window) -> None:
+def _check_module(
+    d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention, window, d_head=None
+) -> None:
     """What a directly built MultiHeadAttention needs (ModelConfig checks the same for models)."""
     where = "MultiHeadAttention"
     checks.one_of(f"{where}: attention", attention, ("full", "window", "linear"))
@@ -404,10 +416,13 @@ def _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention,
         raise ValueError(f"{where}: ALiBi cannot be combined with linear attention")
     checks.positive_int(f"{where}: d_model", d_model)
     checks.positive_int(f"{where}: n_heads", n_heads)
-    if d_model % n_heads:
+    if d_head is not None:
+        checks.positive_int(f"{where}: d_head", d_head)
+    elif d_model % n_heads:
         raise ValueError(
             f"{where}: n_heads={n_heads} must divide d_model={d_model} (d_k = d_model / n_heads)"
         )
+    width = d_model // n_heads if d_head is None else d_head
     checks.positive_int(f"{where}: n_kv_heads", n_kv_heads)
     if n_heads % n_kv_heads:
         raise ValueError(
@@ -418,5 +433,5 @@ def _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention,
         raise ValueError(f"{where}: use rope or alibi, not both")
     if alibi is not None and alibi.n_heads != n_heads:
         raise ValueError(f"{where}: alibi has {alibi.n_heads} slopes, expected n_heads={n_heads}")
-    if rope is not None and rope.dim != d_model // n_heads:
-        raise ValueError(f"{where}: rope.dim={rope.dim} must equal d_head={d_model // n_heads}")
+    if rope is not None and rope.dim != width:
+        raise ValueError(f"{where}: rope.dim={rope.dim} must equal d_head={width}")

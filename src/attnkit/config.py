@@ -23,7 +23,7 @@ __all__ = ["PRESETS", "ModelConfig"]
 NORMS = ("post", "pre")
 NORM_TYPES = ("layernorm", "rmsnorm")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GELU_APPROXIMATIONS = ("none", "tanh")
 ATTENTIONS = ("full", "window", "linear")
 
@@ -70,6 +70,11 @@ class ModelConfig:
     n_kv_heads: int | None = None  # None = n_heads; fewer = grouped-query attention
     attention: str = "full"
     window: int | None = None
+    head_dim: int | None = None  # None = d_model / n_heads; Gemma 3 sets it apart
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Gemma 3)
+    sandwich_norms: bool = False  # Pre-LN plus a norm on each sublayer's output (Gemma 2, 3)
+    global_every: int = 0  # with attention="window": every k-th layer attends fully (Gemma 3)
+    rope_local_theta: float | None = None  # RoPE base of the window layers (None: rope_theta)
     n_experts: int = 0  # 0 = a dense FFN
     moe_top_k: int = 2
     label_smoothing: float = 0.0  # recorded for training (the paper: 0.1)
@@ -91,10 +96,21 @@ class ModelConfig:
             checks.number_in(f"ModelConfig.{name}", getattr(self, name), 0.0, 1.0)
         if not isinstance(self.norm_eps, int | float) or not self.norm_eps > 0:
             raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}")
-        if self.d_model % self.n_heads:
+        if self.head_dim is not None:
+            checks.positive_int("ModelConfig.head_dim", self.head_dim)
+        elif self.d_model % self.n_heads:
             raise ValueError(
-                f"ModelConfig: n_heads={self.n_heads} must divide d_model={self.d_model}"
+                f"ModelConfig: n_heads={self.n_heads} must divide d_model={self.d_model} "
+                "(or set head_dim)"
             )
+        if not isinstance(self.global_every, int) or self.global_every < 0:
+            raise ValueError(
+                f"ModelConfig.global_every must be an int >= 0, got {self.global_every!r}"
+            )
+        if self.global_every and self.attention != "window":
+            raise ValueError("ModelConfig: global_every needs attention='window'")
+        if self.sandwich_norms and self.norm != "pre":
+            raise ValueError("ModelConfig: sandwich_norms needs norm='pre'")
         if self.n_kv_heads is not None:
             checks.positive_int("ModelConfig.n_kv_heads", self.n_kv_heads)
             if self.n_heads % self.n_kv_heads:
@@ -146,8 +162,18 @@ class ModelConfig:
 
     @property
     def d_head(self) -> int:
-        """d_k = d_v = d_model / n_heads."""
-        return self.d_model // self.n_heads
+        """d_k = d_v = d_model / n_heads, or ``head_dim`` where it is set."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def layer_attention(self, layer: int) -> tuple[str, int | None, float]:
+        """(attention, window, RoPE base) of self-attention layer ``layer``: with
+        ``global_every`` k, layers k - 1, 2k - 1, ... attend fully with ``rope_theta`` and the
+        rest over the window with ``rope_local_theta``."""
+        if self.global_every and (layer + 1) % self.global_every == 0:
+            return "full", None, self.rope_theta
+        if self.global_every:
+            return "window", self.window, self.rope_local_theta or self.rope_theta
+        return self.attention, self.window, self.rope_theta
 
     @property
     def kv_heads(self) -> int:

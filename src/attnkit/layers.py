@@ -42,9 +42,10 @@ class FeedForward(nn.Module):
         FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                  activation="relu" (the paper)
         FFN(x) = GELU(x W_1 + b_1) W_2 + b_2                    activation="gelu" (BERT, GPT-2)
         FFN(x) = (SiLU(x W_gate) * (x W_up)) W_down             activation="swiglu" (Llama)
+        FFN(x) = (GELU(x W_gate) * (x W_up)) W_down             activation="geglu" (Gemma)
 
     ``up`` is W_1 (d_model -> d_ff), ``down`` is W_2 (d_ff -> d_model), ``gate`` exists only for
-    SwiGLU.
+    the gated ones (SwiGLU, GeGLU).
     """
 
     def __init__(
@@ -57,18 +58,23 @@ class FeedForward(nn.Module):
         gelu_approximation: str = "none",
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "swiglu"):
+        if activation not in ("relu", "gelu", "swiglu", "geglu"):
             raise ValueError(
-                f"FeedForward: activation must be 'relu', 'gelu' or 'swiglu', got {activation!r}"
+                "FeedForward: activation must be 'relu', 'gelu', 'swiglu' or 'geglu', "
+                f"got {activation!r}"
             )
         self.activation = activation
         self.gelu_approximation = gelu_approximation
         self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        gated = activation in ("swiglu", "geglu")
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if gated else None
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate is not None:
+        if self.activation == "geglu":
+            gate = F.gelu(self.gate(x), approximate=self.gelu_approximation)
+            hidden = gate * self.up(x)  # (B, N, d_ff)
+        elif self.gate is not None:
             hidden = F.silu(self.gate(x)) * self.up(x)  # (B, N, d_ff)
         elif self.activation == "gelu":
             hidden = F.gelu(self.up(x), approximate=self.gelu_approximation)
@@ -84,12 +90,14 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def _attention(cfg: ModelConfig, positional: bool = True) -> MultiHeadAttention:
-    """Multi-head attention as the config asks; RoPE / ALiBi only where positions mean something
-    (self-attention: queries and keys from one sequence)."""
+def _attention(cfg: ModelConfig, positional: bool = True, layer: int = 0) -> MultiHeadAttention:
+    """Multi-head attention as the config asks for layer ``layer`` (``cfg.layer_attention``);
+    RoPE / ALiBi only where positions mean something (self-attention: queries and keys from one
+    sequence)."""
+    attention, window, theta = cfg.layer_attention(layer)
     rope = alibi = None
     if positional and cfg.position == "rope":
-        rope = RotaryEmbedding(cfg.d_head, base=cfg.rope_theta)
+        rope = RotaryEmbedding(cfg.d_head, base=theta)
     if positional and cfg.position == "alibi":
         alibi = ALiBi(cfg.n_heads)
     return MultiHeadAttention(
@@ -101,8 +109,10 @@ def _attention(cfg: ModelConfig, positional: bool = True) -> MultiHeadAttention:
         rope=rope,
         alibi=alibi,
         # window and linear attention are for self-attention; cross-attention stays full
-        attention=cfg.attention if positional else "full",
-        window=cfg.window,
+        attention=attention if positional else "full",
+        window=window,
+        d_head=cfg.head_dim,
+        qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
     )
 
 
@@ -230,16 +240,19 @@ class DecoderLayer(nn.Module):
         """The layer's parts by role (:class:`DecoderParts`)."""
         return DecoderParts(self.norm1, self.self_attn, self.norm3, self.ffn, self.cross_attn)
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True) -> None:
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True, layer: int = 0) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.dropout = nn.Dropout(cfg.dropout)
-        self.self_attn = _attention(cfg)
+        self.self_attn = _attention(cfg, layer=layer)
         self.norm1 = make_norm(cfg)
         self.cross_attn = _attention(cfg, positional=False) if cross_attention else None
         self.norm2 = make_norm(cfg) if cross_attention else None
         self.ffn = _ffn(cfg)
         self.norm3 = make_norm(cfg)
+        # sandwich norms (Gemma): each sublayer's output is normalised before the residual add
+        self.attn_out_norm = make_norm(cfg) if cfg.sandwich_norms else None
+        self.ffn_out_norm = make_norm(cfg) if cfg.sandwich_norms else None
 
     def forward(
         self,
@@ -273,13 +286,18 @@ class DecoderLayer(nn.Module):
             context=memory, mask=memory_mask, cache=cross_cache, rows=rows, context_rows=memory_rows
         )
         cross_weights = None
-        if self.pre_norm:  # x + Sublayer(LN(x))
+        if self.pre_norm:  # x + Sublayer(LN(x)); with sandwich norms x + LN(Sublayer(LN(x)))
             a, self_weights = _attend(self.self_attn, self.norm1(x), return_weights, **masked)
+            if self.attn_out_norm is not None:
+                a = self.attn_out_norm(a)
             x = x + self.dropout(a)
             if self.cross_attn is not None:
                 c, cross_weights = _attend(self.cross_attn, self.norm2(x), return_weights, **cross)
                 x = x + self.dropout(c)
-            x = x + self.dropout(self.ffn(self.norm3(x)))
+            f = self.ffn(self.norm3(x))
+            if self.ffn_out_norm is not None:
+                f = self.ffn_out_norm(f)
+            x = x + self.dropout(f)
         else:  # LN(x + Sublayer(x)), the paper
             a, self_weights = _attend(self.self_attn, x, return_weights, **masked)
             x = self.norm1(x + self.dropout(a))

@@ -114,7 +114,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, cross_attention=cross_attention) for _ in range(cfg.n_layers)
+            DecoderLayer(cfg, cross_attention=cross_attention, layer=i) for i in range(cfg.n_layers)
         )
         self.norm = make_norm(cfg) if cfg.norm == "pre" else None
 
@@ -132,10 +132,12 @@ class Decoder(nn.Module):
                 KVCache(batch_size, cfg.kv_heads, length, cfg.d_head, **kv) for _ in self.layers
             ]
 
-        if cfg.attention == "window":
+        if cfg.attention == "window":  # each layer's own: a window, or all (global_every)
             self_caches = [
-                RollingKVCache(batch_size, cfg.kv_heads, cfg.window, cfg.d_head, **kv)
-                for _ in self.layers
+                RollingKVCache(batch_size, cfg.kv_heads, window, cfg.d_head, **kv)
+                if kind == "window"
+                else KVCache(batch_size, cfg.kv_heads, max_len, cfg.d_head, **kv)
+                for kind, window, _ in (cfg.layer_attention(i) for i in range(len(self.layers)))
             ]
         elif cfg.attention == "linear":
             self_caches = [

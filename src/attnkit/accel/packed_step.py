@@ -54,7 +54,8 @@ def why_not(model: nn.Module) -> str | None:
     if cfg is None or not hasattr(model, "decoder") or not hasattr(model, "lm_head"):
         return "not a decoder-only language model"
     wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", activation="swiglu")
-    wanted.update(attention="full", bias=False, n_experts=0)
+    wanted.update(attention="full", bias=False, n_experts=0, head_dim=None, qk_norm=False)
+    wanted.update(sandwich_norms=False)
     for name, value in wanted.items():
         if getattr(cfg, name) != value:
             return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"

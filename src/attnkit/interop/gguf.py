@@ -33,9 +33,12 @@ with i + d/2 in each head, llama.cpp's pairs 2i with 2i + 1, so the converter in
 two halves of every head (``permute`` in ``convert_hf_to_gguf.py``). :func:`unpermute` undoes
 it, with n_heads for q and n_kv_heads for k.
 
+Gemma 3 files (``gemma3``) go to :mod:`attnkit.interop.gemma3` instead, with their four norms a
+layer and QK-norm (:func:`gemma3_config_from_gguf`); their q and k rows are not reordered.
+
 Quantizations read: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K .. Q6_K.
-Anything else, and any architecture but ``llama``, is a ValueError naming the file and what it
-found. The tokenizer the file embeds is read by :mod:`attnkit.interop.tokenizer`.
+Anything else, and any architecture but ``llama`` and ``gemma3``, is a ValueError naming the
+file and what it found. The tokenizer the file embeds is read by :mod:`attnkit.interop.tokenizer`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, rep
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
+from attnkit.interop.gemma3 import gemma3_from_tensors
 from attnkit.interop.gguf_file import GGUFFile, GGUFTensor, gguf_metadata, read_gguf
 from attnkit.interop.hf_config import HFConfig
 from attnkit.interop.llama import llama_from_tensors
@@ -69,7 +73,7 @@ __all__ = [
     "unpermute",
 ]
 
-ARCHITECTURES = ("llama",)
+ARCHITECTURES = ("llama", "gemma3")
 SUPPORTED_QUANTIZATIONS = (
     "F32",
     "F16",
@@ -190,17 +194,95 @@ def llama_config_from_gguf(
         raise hf.error(str(error)) from None
 
 
-def _hf_name(name: str) -> str:
-    """GGUF tensor name -> Hugging Face Llama name (unknown names are kept, and refused later)."""
+def gemma3_config_from_gguf(
+    metadata: dict[str, Any], source: str, *, vocab_size: int | None = None
+) -> ModelConfig:
+    """A ModelConfig from a GGUF file's ``gemma3.*`` metadata (every key checked). The window
+    layers' RoPE base (10,000) and their pattern (every 6th layer global) are not in the file:
+    llama.cpp fixes them for Gemma 3, and so does attnkit."""
+    fields = {k: v for k, v in metadata.items() if k.startswith("gemma3.")}
+    hf = HFConfig(fields, f"{source} (GGUF metadata)")
+    d_head = hf.get_int("gemma3.attention.key_length", 256)
+    value_length = hf.get_int("gemma3.attention.value_length", d_head)
+    if value_length != d_head:
+        raise hf.error(
+            f"gemma3.attention.value_length={value_length} differs from key_length={d_head}"
+        )
+    scaling = hf.get("gemma3.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise hf.error(
+            f"gemma3.rope.scaling.type={scaling!r}: RoPE scaling is not implemented in attnkit"
+        )
+    hf.ignore("gemma3.rope.scaling.factor", "gemma3.rope.dimension_count")
+    n_heads = hf.get_int("gemma3.attention.head_count")
+    vocab = vocab_size if vocab_size is not None else hf.get_int("gemma3.vocab_size")
+    sizes = dict(
+        d_model=hf.get_int("gemma3.embedding_length"),
+        n_heads=n_heads,
+        n_kv_heads=hf.get_int("gemma3.attention.head_count_kv", n_heads),
+        head_dim=d_head,
+        n_layers=hf.get_int("gemma3.block_count"),
+        d_ff=hf.get_int("gemma3.feed_forward_length"),
+        max_len=hf.get_int("gemma3.context_length", 32768),
+        norm_eps=hf.get_positive("gemma3.attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=hf.get_float("gemma3.rope.freq_base", 1_000_000.0, minimum=1.0),
+        window=hf.get_int("gemma3.attention.sliding_window", 512),
+    )
+    hf.check_unknown()
+
+    def token_id(key: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, int) and 0 <= value < vocab else None
+
+    bos, eos, pad = token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
+    try:
+        return ModelConfig(
+            vocab_size=vocab,
+            dropout=0.0,
+            pad_id=pad if pad is not None else 0,
+            bos_id=bos,
+            eos_id=eos,
+            norm="pre",
+            norm_type="rmsnorm",
+            position="rope",
+            rope_local_theta=10_000.0,
+            activation="geglu",
+            gelu_approximation="tanh",
+            bias=False,
+            tie_embeddings=True,
+            scale_embeddings=True,
+            qk_norm=True,
+            sandwich_norms=True,
+            attention="window",
+            global_every=6,
+            **sizes,
+            extra={"source": "gguf", "file": Path(source).name},
+        )
+    except ValueError as error:
+        raise hf.error(str(error)) from None
+
+
+def _hf_name(name: str, architecture: str = "llama") -> str:
+    """GGUF tensor name -> Hugging Face name (unknown names are kept, and refused later)."""
+    layer_names = _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES
     stem, _, suffix = name.rpartition(".")
     if stem in _TOP_NAMES:
         return f"{_TOP_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     return name
 
 
+# Gemma 3: its own names for the same parts, and four norms a layer (GGUF name -> Hugging Face)
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 AS_STORED = ("Q8_0", "Q4_0", "Q4_1")  # packed layers read the file's blocks as they are
 
 
@@ -272,26 +354,36 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
         vocab: int | None = int(embedding.shape[1])
     else:
         vocab = len(tokens) if isinstance(tokens, list) and tokens else None
-    cfg = llama_config_from_gguf(
-        metadata, str(path), vocab_size=vocab, tied="output.weight" not in names
-    )
+    gemma = architecture == "gemma3"
+    if gemma:
+        cfg = gemma3_config_from_gguf(metadata, str(path), vocab_size=vocab)
+    else:
+        cfg = llama_config_from_gguf(
+            metadata, str(path), vocab_size=vocab, tied="output.weight" not in names
+        )
     keep = set() if dequantize else _packable(cfg, names)
     tensors: dict[str, Tensor] = {}
     for tensor in reader.tensors:
+        name = _hf_name(tensor.name, architecture)
         if tensor.name in keep:  # replaced by its blocks below: never filled in
             shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-            tensors[_hf_name(tensor.name)] = torch.empty(shape)
+            tensors[name] = torch.empty(shape)
             continue
         weight = _dequantize(tensor, str(path))
-        name = _hf_name(tensor.name)
+        # llama.cpp reorders Llama's q and k rows (not Gemma's: its RoPE pairs as HF's does)
         heads = {"q_proj": cfg.n_heads, "k_proj": cfg.kv_heads}.get(name.split(".")[-2])
-        if heads is not None and weight.dim() == 2 and weight.shape[0] % (2 * heads) == 0:
-            weight = unpermute(weight, heads)  # (a wrong shape is reported by the mapping)
+        if not gemma and heads is not None and weight.dim() == 2:
+            if weight.shape[0] % (2 * heads) == 0:  # (a wrong shape is reported by the mapping)
+                weight = unpermute(weight, heads)
         tensors[name] = weight
     cfg.extra["tensor_types"] = dict(Counter(t.tensor_type.name for t in reader.tensors))
-    model = llama_from_tensors(cfg, Tensors(tensors, str(path)), assign=not dequantize)
+    found = Tensors(tensors, str(path))
+    if gemma:  # the file's norm weights hold Gemma's 1 + w already
+        model = gemma3_from_tensors(cfg, found, norm_shift=0.0, assign=not dequantize)
+    else:
+        model = llama_from_tensors(cfg, found, assign=not dequantize)
     if not dequantize:
-        pack_linear_layers(model, names)
+        pack_linear_layers(model, names, permuted=not gemma)
     return model
 
 
@@ -337,7 +429,9 @@ def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Te
     return (torch.cat(rows) if len(rows) > 1 else rows[0]), next(iter(kinds))
 
 
-def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor]) -> None:
+def pack_linear_layers(
+    model: DecoderLM, names: dict[str, GGUFTensor], *, permuted: bool = True
+) -> None:
     """Replace the model's linear layers with PackedLinear, and its token table with
     PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1 or Q4_K (tied
     embeddings: the output layer and the table share the table's blocks)."""
@@ -350,7 +444,7 @@ def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor]) -> None:
         model.embeddings.tokens = PackedEmbedding(blocks, kind, cfg.d_model)
         packed[kind] += 1
     for module_name, parts in _plan(cfg, names):
-        heads = [cfg.n_heads, cfg.kv_heads, 0] if len(parts) == 3 else [0]
+        heads = [cfg.n_heads, cfg.kv_heads, 0] if len(parts) == 3 and permuted else [0] * len(parts)
         found = _packed_blocks(names, parts, heads)
         parent_name, _, attr = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -6,6 +6,7 @@ the weights in safetensors, one file or shards (see :mod:`attnkit.interop.checkp
     model_type   architectures                               attnkit model
     bert         BertModel, BertForMaskedLM, BertForPreTraining   EncoderModel
     bert         BertForSequenceClassification                 EncoderClassifier
+    gemma3_text  Gemma3ForCausalLM, Gemma3TextModel             DecoderLM
     gpt2         GPT2LMHeadModel, GPT2Model                     DecoderLM
     llama        LlamaForCausalLM, LlamaModel                   DecoderLM
     roberta      RobertaModel, RobertaForMaskedLM                EncoderModel
@@ -28,6 +29,7 @@ from torch import nn
 
 from attnkit.interop.bert import load_bert
 from attnkit.interop.checkpoint import Tensors, read_hf_weights
+from attnkit.interop.gemma3 import load_gemma3
 from attnkit.interop.gpt2 import load_gpt2
 from attnkit.interop.hf_config import HFConfig
 from attnkit.interop.llama import load_llama
@@ -40,6 +42,7 @@ CONFIG_FILE = "config.json"
 # model_type -> loader(config, tensors)
 ARCHITECTURES: dict[str, Callable[[HFConfig, Tensors], nn.Module]] = {
     "bert": load_bert,
+    "gemma3_text": load_gemma3,
     "gpt2": load_gpt2,
     "llama": load_llama,
     "roberta": load_roberta,
@@ -47,6 +50,7 @@ ARCHITECTURES: dict[str, Callable[[HFConfig, Tensors], nn.Module]] = {
 }
 _PREFIXES = {
     "Bert": "bert",
+    "Gemma3": "gemma3_text",
     "GPT2": "gpt2",
     "Llama": "llama",
     "Roberta": "roberta",
@@ -66,8 +70,8 @@ def _model_type(hf: HFConfig) -> str:
         found = model_type or hf.data.get("architectures") or "unknown"
         raise ValueError(
             f"{hf.source}: model type {found!r} is not supported; attnkit reads Hugging Face "
-            f"directories of {sorted(ARCHITECTURES)}, GGUF files of Llama models, and its own "
-            "directories"
+            f"directories of {sorted(ARCHITECTURES)}, GGUF files of Llama and Gemma 3 models, "
+            "and its own directories"
         )
     return model_type
 

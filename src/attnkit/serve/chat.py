@@ -28,16 +28,39 @@ PLAIN_TEMPLATE = (
 )
 
 
+# Gemma's turns (its GGUF files often ship without a template): a system message goes in front
+# of the first user turn, the assistant is "model", each turn ends with <end_of_turn>. The
+# tokenizer adds <bos> itself.
+GEMMA_TEMPLATE = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = messages[0]['content'] | trim + '\n\n' -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+# the template an architecture gets when its file has none
+BUILT_IN = {"gemma3": GEMMA_TEMPLATE}
+
+
 def chat_template_for(path: str | os.PathLike[str]) -> str | None:
     """The chat template a model ships with (a GGUF file's ``tokenizer.chat_template``, a
-    directory's ``chat_template.jinja`` or ``tokenizer_config.json``), or None."""
+    directory's ``chat_template.jinja`` or ``tokenizer_config.json``), or None. A GGUF file of
+    Gemma 3 without one gets Gemma's turns (:data:`GEMMA_TEMPLATE`)."""
     from attnkit.interop.gguf import gguf_metadata, read_gguf
     from attnkit.interop.pretrained import _packaged, is_gguf_file
 
     path = _packaged(Path(path))
     if is_gguf_file(path):
-        template = gguf_metadata(read_gguf(path)).get("tokenizer.chat_template")
-        return template if isinstance(template, str) else None
+        metadata = gguf_metadata(read_gguf(path))
+        template = metadata.get("tokenizer.chat_template")
+        if isinstance(template, str):
+            return template
+        return BUILT_IN.get(metadata.get("general.architecture"))
     if not path.is_dir():
         return None
     if (path / "chat_template.jinja").is_file():

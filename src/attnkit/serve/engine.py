@@ -48,6 +48,9 @@ from attnkit.serve.grammar import Grammars
 from attnkit.serve.prompt_cache import PromptCache
 from attnkit.stacks import DecoderCache
 
+# tokens that close a chat turn (Gemma, Llama 3, ChatML, Phi), where a vocabulary has them
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
+
 __all__ = ["Engine", "Request"]
 
 Sink = Callable[[dict], None]
@@ -167,8 +170,14 @@ class Engine:
         self.device = next(model.parameters()).device  # the batch's tensors live there too
         self.context = model.cfg.max_len
         probe = model.new_cache(1, 1)
-        self.max_batch = max_batch if all(isinstance(c, KVCache) for c in probe.self_attn) else 1
-        eos = (model.cfg.eos_id, getattr(tokenizer, "eos_id", None))
+        # plain KV caches can be laid side by side into one batch; window layers' ring buffers
+        # (Gemma 3) and linear attention's running sums cannot: one request at a time
+        self.plain = all(isinstance(c, KVCache) for c in probe.self_attn)
+        self.max_batch = max_batch if self.plain else 1
+        eos = [model.cfg.eos_id, getattr(tokenizer, "eos_id", None)]
+        to_id = getattr(tokenizer, "token_to_id", None)
+        if to_id is not None:  # the end of a chat turn ends a reply too, as in llama.cpp
+            eos += [to_id(t) for t in END_OF_TURN]
         self.eos_ids = {i for i in eos if i is not None}
         self.grammars = Grammars(tokenizer, model.cfg.vocab_size, self.eos_ids)
         self.waiting: queue.Queue[Job] = queue.Queue()
@@ -178,7 +187,7 @@ class Engine:
         self.recordings: OrderedDict[str, dict] = OrderedDict()
         self.keep_attention = keep_attention
         # recent prompts' prefilled caches, reused by a prompt that begins the same way
-        self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
+        self.prompt_cache = PromptCache(prompt_cache) if prompt_cache and self.plain else None
         self.steps = 0
         self._stop = threading.Event()
         self._thread = None
@@ -274,7 +283,9 @@ class Engine:
 
     def _prefill(self, job: Job) -> None:
         ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
-        cache = self.model.new_cache(1, ids.shape[1], device=self.device)
+        # a cache that is not laid into a batch later keeps room for the whole answer
+        size = ids.shape[1] + (0 if self.plain else job.request.max_tokens + 1)
+        cache = self.model.new_cache(1, size, device=self.device)
         if job.request.prompt_logprobs:
             hidden = self.model.hidden_states(ids, None, cache)[0]  # (1, P, D)
             job.prompt_scores = self._prompt_scores(job, hidden[0])
@@ -406,6 +417,9 @@ class Engine:
     # ---------------------------------------------------------------------------------------
 
     def _join(self, job: Job, cache: DecoderCache, mask: Tensor, token: int) -> None:
+        if not self.plain:  # the one request: its own cache, as prefilled
+            self.jobs, self.cache, self.mask = [job], cache, mask
+            return
         if not self.jobs:
             parts = [(cache, mask, None, 0)]
         else:
