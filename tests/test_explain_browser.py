@@ -185,3 +185,5 @@ def test_a_report_of_2048_tokens_opens_in_under_3_s_and_stays_responsive(tmp_pat
           s.value = '2'; s.dispatchEvent(new Event('change')); return performance.now() - t; })()"""
     )
     assert took < 1000, f"drawing another layer took {took:.0f} ms"
+    print(f"\n2,048 tokens x 6 layers: drawn {ready_ms:.0f} ms after the page was asked for; "
+          f"another layer in {took:.0f} ms")  # fmt: skip

@@ -273,6 +273,8 @@ def test_patching_and_ablation_match_transformer_lens_on_gpt2(tmp_path):
     for key in expected:
         assert got[key].shape == expected[key].shape, key
         torch.testing.assert_close(got[key], expected[key].double(), atol=1e-4, rtol=0)
+        gap = (got[key] - expected[key].double()).abs().max().item()
+        print(f"\npatching {key} against TransformerLens: largest difference {gap:.1e}")
     # zero ablation: TransformerLens's hook_z (the heads before W^O) set to zero
     with torch.no_grad():
         clean = float(metric(bridge(CLEAN)))
