@@ -105,6 +105,8 @@ bench: $(KERNELS)
 	$(BIN)/python bench/gguf_profile.py
 	$(BIN)/python bench/gguf_agreement.py
 	$(BIN)/python bench/serve_vs_llamacpp.py
+	$(BIN)/python bench/perplexity.py
+	$(BIN)/python bench/gemma3.py
 	$(BIN)/python bench/quantize_cost.py
 
 clean:
