@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import openai
@@ -251,33 +252,46 @@ def test_the_api_key_cors_and_413_however_a_body_is_sent(guarded):
 
 
 def test_a_full_queue_answers_429_and_a_slow_request_504(guarded):
-    """One row and a queue of one: of six requests at once, some are refused with 429 and
-    Retry-After, every other one is answered (or times out with 504, past --timeout 3 s), and
-    the server goes on."""
+    """One row and a queue of one: while a long request holds the row, of five more sent at
+    once one may wait and the rest are refused with 429 and Retry-After; the long one times
+    out with 504 (past --timeout 3 s), and the server goes on."""
     auth = {"Authorization": f"Bearer {KEY}"}
-    body = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}
-    answers = [None] * 6
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    slow = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}
+    late = []
+    holder = threading.Thread(
+        target=lambda: late.append(
+            httpx.post(guarded + "/v1/completions", json=slow, headers=auth, timeout=60)
+        )
+    )
+    holder.start()
+    for _ in range(300):  # until the long request holds the row
+        if httpx.get(guarded + "/health", headers=auth).json()["running"] == 1:
+            break
+        time.sleep(0.01)
+    answers = [None] * 5
 
     def one(i):
         answers[i] = httpx.post(guarded + "/v1/completions", json=body, headers=auth, timeout=60)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
+    holder.join(timeout=120)
     statuses = sorted(a.status_code for a in answers)
-    assert 429 in statuses and 200 in statuses, statuses
+    assert statuses.count(429) >= 4, statuses  # the row is busy and the queue holds one
     assert set(statuses) <= {200, 429, 504}, statuses
     busy = next(a for a in answers if a.status_code == 429)
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["error"]["type"] == "rate_limit_error"
-
-    slow = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}
-    late = httpx.post(guarded + "/v1/completions", json=slow, headers=auth, timeout=60)
-    assert late.status_code == 504 and late.json()["error"]["code"] == "timeout"
-    ok = httpx.post(guarded + "/v1/completions", json=body, headers=auth, timeout=60)
-    assert ok.status_code == 200  # the timed-out request left the row
+    assert late[0].status_code == 504 and late[0].json()["error"]["code"] == "timeout"
+    for _ in range(3):  # the server goes on (a busy machine may need a second try in 3 s)
+        ok = httpx.post(guarded + "/v1/completions", json=body, headers=auth, timeout=60)
+        if ok.status_code == 200:
+            break
+    assert ok.status_code == 200, ok.text  # the timed-out request left the row
 
 
 def test_a_prompt_that_begins_like_a_recent_one_reuses_its_cache(client, server):

@@ -189,6 +189,7 @@ class Engine:
         # recent prompts' prefilled caches, reused by a prompt that begins the same way
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache and self.plain else None
         self.steps = 0
+        self.admitting = 0  # a request taken from the queue and being prefilled: not yet a row
         self._stop = threading.Event()
         self._thread = None
         if start:
@@ -229,7 +230,8 @@ class Engine:
     def stats(self) -> dict:
         """Rows being decoded, requests waiting, the batched steps taken so far, and how often
         a prompt reused a recent one's cache (and how many positions it copied)."""
-        stats = {"running": len(self.jobs), "waiting": self.waiting.qsize(), "steps": self.steps}
+        running = len(self.jobs) + self.admitting  # a request in its prefill counts already
+        stats = {"running": running, "waiting": self.waiting.qsize(), "steps": self.steps}
         if self.prompt_cache is not None:
             stats.update(self.prompt_cache.stats())
         return stats
@@ -271,6 +273,7 @@ class Engine:
                 return
             if job.cancelled.is_set():
                 continue
+            self.admitting = 1  # counted as running by stats() until it is a row (or done)
             try:
                 if job.request.attention:
                     self._run_alone(job)
@@ -280,6 +283,8 @@ class Engine:
                 if job in self.jobs:  # it failed joining: run() tells every row, starts over
                     raise
                 job.sink(_error(error))  # not a row of the batch: run() would not tell it
+            finally:
+                self.admitting = 0
 
     def _prefill(self, job: Job) -> None:
         ids = torch.tensor([job.request.prompt_ids], device=self.device)  # (1, P)
