@@ -9,6 +9,7 @@ import torch
 
 from attnkit.cli import explain_methods
 from attnkit.cli.common import UsageError, tokenize_for
+from attnkit.cli.explain_subject import draw
 from attnkit.models import DecoderLM, EncoderModel
 
 # --------------------------------------------------------------------------------------------
@@ -42,7 +43,7 @@ def _explain_scaling(args: argparse.Namespace) -> None:
 
     rows = scaling_experiment(seed=args.seed)
     print(format_scaling_table(rows))
-    explain_methods.draw(args, lambda path: plot_scaling(rows, path))
+    draw(args, lambda path: plot_scaling(rows, path))
 
 
 def _explain_complexity(args: argparse.Namespace) -> None:
@@ -65,7 +66,7 @@ def _explain_complexity(args: argparse.Namespace) -> None:
     )
     print()
     print(format_complexity_table(rows, fit_slopes(rows), threads=args.threads))
-    explain_methods.draw(args, lambda path: plot_complexity(rows, path))
+    draw(args, lambda path: plot_complexity(rows, path))
 
 
 TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
