@@ -62,6 +62,32 @@ _WEIGHTS_SHAPE = (
 # --------------------------------------------------------------------------------------------
 
 
+def _stacks(attentions, tokens, src_tokens, tgt_tokens, index: int, owner: str):
+    """Example ``index`` of each attention stack: (key, layers, query tokens, key tokens), with
+    key None for a list of attentions, else "encoder", "decoder" or "cross"."""
+    example = select_example(attentions, index, owner)
+    if isinstance(example, list):
+        if tokens is None:
+            raise ValueError(f"{owner}: tokens are required for a list of attentions")
+        return [(None, example, tokens, tokens)]
+    ends = {
+        "encoder": (src_tokens, src_tokens),
+        "decoder": (tgt_tokens, tgt_tokens),
+        "cross": (tgt_tokens, src_tokens),
+    }
+    stacks = []
+    for key, layers in example.items():
+        queries, keys = ends[key]
+        if queries is None or keys is None:
+            raise ValueError(
+                f"{owner}: attentions[{key!r}] needs "
+                + ("src_tokens" if key == "encoder" else "tgt_tokens")
+                + ("" if key != "cross" else " and src_tokens")
+            )
+        stacks.append((key, layers, queries, keys))
+    return stacks
+
+
 def attention_sections(
     attentions,
     tokens: Sequence[str] | None = None,
@@ -78,30 +104,17 @@ def attention_sections(
       ``tgt_tokens``: "encoder self-attention" (src x src), "decoder self-attention"
       (tgt x tgt) and "cross-attention" (tgt queries x src keys).
     """
-    owner = "attention_sections"
-    example = select_example(attentions, index, owner)
-    if isinstance(example, list):
-        if tokens is None:
-            raise ValueError(f"{owner}: tokens are required for a list of attentions")
-        return [{"name": "self-attention", "query_tokens": tokens, "weights": example}]
     names = {
-        "encoder": ("encoder self-attention", src_tokens, src_tokens),
-        "decoder": ("decoder self-attention", tgt_tokens, tgt_tokens),
-        "cross": ("cross-attention", tgt_tokens, src_tokens),
+        None: "self-attention",
+        "encoder": "encoder self-attention",
+        "decoder": "decoder self-attention",
+        "cross": "cross-attention",
     }
-    sections = []
-    for key, layers in example.items():
-        name, queries, keys = names[key]
-        if queries is None or keys is None:
-            raise ValueError(
-                f"{owner}: attentions[{key!r}] needs "
-                + ("src_tokens" if key == "encoder" else "tgt_tokens")
-                + ("" if key != "cross" else " and src_tokens")
-            )
-        sections.append(
-            {"name": name, "query_tokens": queries, "key_tokens": keys, "weights": layers}
-        )
-    return sections
+    stacks = _stacks(attentions, tokens, src_tokens, tgt_tokens, index, "attention_sections")
+    return [
+        {"name": names[key], "query_tokens": queries, "key_tokens": keys, "weights": layers}
+        for key, layers, queries, keys in stacks
+    ]
 
 
 def rollout_sections(
@@ -117,24 +130,15 @@ def rollout_sections(
     the rollout through layers 0..l (one matrix: heads averaged, the residual counted)."""
     from attnkit.explain.rollout import rollout_by_layer
 
-    example = select_example(attentions, index, "rollout_sections")
-    stacks = (
-        [("attention rollout", example, tokens)]
-        if isinstance(example, list)
-        else [
-            (f"{key} rollout", example[key], src_tokens if key == "encoder" else tgt_tokens)
-            for key in ("encoder", "decoder")
-            if key in example
-        ]
-    )
+    stacks = _stacks(attentions, tokens, src_tokens, tgt_tokens, index, "rollout_sections")
     sections = []
-    for name, layers, queries in stacks:
-        if queries is None:
-            raise ValueError(f"rollout_sections: {name} needs its tokens")
+    for key, layers, queries, _ in stacks:
+        if key == "cross":  # rollout follows one stack's residual stream
+            continue
         rolled = rollout_by_layer([w[None] for w in layers])[:, 0]  # (L, N, N)
         sections.append(
             {
-                "name": name,
+                "name": "attention rollout" if key is None else f"{key} rollout",
                 "query_tokens": queries,
                 "weights": rolled[:, None],  # (L, 1, N, N)
                 "description": "layer l: the rollout through layers 0..l (heads averaged, "
