@@ -17,16 +17,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.explain._checks import check_positive_int
+
 __all__ = ["METHODS", "attribute_classifier", "attribute_next_token", "attribute_translation"]
 
 METHODS = ("integrated_gradients", "input_x_gradient")
 
 
-def _check(owner: str, method: str, steps: int) -> None:
+def _check(owner: str, model, cls: type, kind: str, method: str, steps: int) -> None:
+    """The arguments every attribution takes: the model's class, the method and its steps."""
+    if not isinstance(model, cls):
+        raise TypeError(
+            f"{owner}: model must be an attnkit.{cls.__name__}{kind}, got {type(model).__name__}"
+        )
     if method not in METHODS:
         raise ValueError(f"{owner}: method must be one of {list(METHODS)}, got {method!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{owner}: steps must be a positive int, got {steps!r}")
+    check_positive_int(owner, "steps", steps)
+
+
+def _target(owner: str, target, limit: int, what: str, predicted):
+    """``target`` checked to be ``what`` in [0, limit); None: ``predicted()`` (each row's)."""
+    if target is None:
+        with torch.no_grad():
+            return predicted()
+    if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < limit:
+        raise ValueError(f"{owner}: target must be {what} in [0, {limit}), got {target!r}")
+    return target
 
 
 def _ids(owner: str, name: str, ids) -> Tensor:
@@ -73,18 +89,10 @@ def attribute_classifier(
     from attnkit.models import EncoderClassifier
 
     owner = "attribute_classifier"
-    if not isinstance(model, EncoderClassifier):
-        raise TypeError(
-            f"{owner}: model must be an attnkit.EncoderClassifier, got {type(model).__name__}"
-        )
-    _check(owner, method, steps)
+    _check(owner, model, EncoderClassifier, "", method, steps)
     ids = _ids(owner, "ids", ids)
     classes = model.classifier.out_features
-    if target is None:
-        with torch.no_grad():
-            target = model(ids).argmax(-1)
-    elif isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < classes:
-        raise ValueError(f"{owner}: target must be a class in [0, {classes}), got {target!r}")
+    target = _target(owner, target, classes, "a class", lambda: model(ids).argmax(-1))
     baseline = torch.full_like(ids, model.cfg.pad_id)
     return _attribute(model, model.encoder.encoder, ids, baseline, target, method, steps, None)
 
@@ -103,19 +111,10 @@ def attribute_next_token(
     from attnkit.models import DecoderLM
 
     owner = "attribute_next_token"
-    if not isinstance(model, DecoderLM):
-        raise TypeError(
-            f"{owner}: model must be an attnkit.DecoderLM (decoder-only), "
-            f"got {type(model).__name__}"
-        )
-    _check(owner, method, steps)
+    _check(owner, model, DecoderLM, " (decoder-only)", method, steps)
     ids = _ids(owner, "ids", ids)
     vocab = model.cfg.vocab_size
-    if target is None:
-        with torch.no_grad():
-            target = model(ids)[:, -1].argmax(-1)
-    elif isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < vocab:
-        raise ValueError(f"{owner}: target must be a token id in [0, {vocab}), got {target!r}")
+    target = _target(owner, target, vocab, "a token id", lambda: model(ids)[:, -1].argmax(-1))
 
     def next_logprobs(x):  # (B, V): log p(next token)
         return model(x)[:, -1].log_softmax(-1)
@@ -139,12 +138,7 @@ def attribute_translation(
     from attnkit.models import Transformer
 
     owner = "attribute_translation"
-    if not isinstance(model, Transformer):
-        raise TypeError(
-            f"{owner}: model must be an attnkit.Transformer (encoder-decoder), "
-            f"got {type(model).__name__}"
-        )
-    _check(owner, method, steps)
+    _check(owner, model, Transformer, " (encoder-decoder)", method, steps)
     src_ids = _ids(owner, "src_ids", src_ids)
     tgt_ids = _ids(owner, "tgt_ids", tgt_ids)
     if tgt_ids.shape[1] < 2:
