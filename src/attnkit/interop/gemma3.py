@@ -29,12 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors, skip_init
+from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
+from attnkit.interop.llama import llama_from_tensors
 from attnkit.models import DecoderLM
 
 __all__ = ["gemma3_config_from_hf", "gemma3_from_tensors", "load_gemma3"]
@@ -157,53 +155,11 @@ def gemma3_config_from_hf(hf: HFConfig) -> ModelConfig:
 def gemma3_from_tensors(
     cfg: ModelConfig, tensors: Tensors, *, norm_shift: float = 1.0, assign: bool = False
 ) -> DecoderLM:
-    """A DecoderLM from Gemma 3 tensors named as in Hugging Face (``model.`` prefix optional).
+    """A DecoderLM from Gemma 3 tensors named as in Hugging Face (``model.`` prefix optional):
+    the Llama mapping (interop.llama), with the QK-norms and sandwich norms the config names.
     ``norm_shift`` is added to every norm weight (1 for Hugging Face's ``1 + weight`` RMSNorm;
     0 where the weights already hold the factor, as in a GGUF file)."""
-    tensors = tensors.rename(lambda name: name.removeprefix("model."))
-    d, ff, hd = cfg.d_model, cfg.d_ff, cfg.d_head
-    q_rows, kv_rows = cfg.n_heads * hd, cfg.kv_heads * hd
-
-    def norm(name: str, size: int) -> Tensor:
-        return tensors.take(name, (size,)) + norm_shift
-
-    ours: dict[str, Tensor] = {
-        "embeddings.tokens.weight": tensors.take("embed_tokens.weight", (cfg.vocab_size, d)),
-        "decoder.norm.weight": norm("norm.weight", d),
-    }
-    for i in range(cfg.n_layers):
-        theirs, mine = f"layers.{i}", f"decoder.layers.{i}"
-        ours[f"{mine}.self_attn.in_proj.weight"] = torch.cat(
-            [
-                tensors.take(f"{theirs}.self_attn.q_proj.weight", (q_rows, d)),
-                tensors.take(f"{theirs}.self_attn.k_proj.weight", (kv_rows, d)),
-                tensors.take(f"{theirs}.self_attn.v_proj.weight", (kv_rows, d)),
-            ]
-        )  # ((H + 2 H_kv) d_head, D)
-        ours[f"{mine}.self_attn.out_proj.weight"] = tensors.take(
-            f"{theirs}.self_attn.o_proj.weight", (d, q_rows)
-        )
-        ours[f"{mine}.self_attn.q_norm.weight"] = norm(f"{theirs}.self_attn.q_norm.weight", hd)
-        ours[f"{mine}.self_attn.k_norm.weight"] = norm(f"{theirs}.self_attn.k_norm.weight", hd)
-        ours[f"{mine}.norm1.weight"] = norm(f"{theirs}.input_layernorm.weight", d)
-        ours[f"{mine}.attn_out_norm.weight"] = norm(f"{theirs}.post_attention_layernorm.weight", d)
-        ours[f"{mine}.norm3.weight"] = norm(f"{theirs}.pre_feedforward_layernorm.weight", d)
-        ours[f"{mine}.ffn_out_norm.weight"] = norm(f"{theirs}.post_feedforward_layernorm.weight", d)
-        for part in ("gate", "up"):
-            ours[f"{mine}.ffn.{part}.weight"] = tensors.take(
-                f"{theirs}.mlp.{part}_proj.weight", (ff, d)
-            )
-        ours[f"{mine}.ffn.down.weight"] = tensors.take(f"{theirs}.mlp.down_proj.weight", (d, ff))
-    if cfg.tie_embeddings:
-        tensors.discard(lambda name: name != "lm_head.weight")
-        ours["lm_head.weight"] = ours["embeddings.tokens.weight"]
-    else:
-        ours["lm_head.weight"] = tensors.take("lm_head.weight", (cfg.vocab_size, d))
-    tensors.check_all_used()
-    with skip_init():
-        model = DecoderLM(cfg)
-    model.load_state_dict(ours, strict=True, assign=assign)
-    return model.eval()
+    return llama_from_tensors(cfg, tensors, norm_shift=norm_shift, assign=assign)
 
 
 def load_gemma3(hf: HFConfig, tensors: Tensors) -> DecoderLM:

@@ -118,6 +118,25 @@ def unpermute(weight: Tensor, n_heads: int) -> Tensor:
     return pairs.transpose(1, 2).reshape(rows, cols)  # (heads, 2, d_head / 2, in) -> (out, in)
 
 
+def _refuse_rope_scaling(hf: HFConfig, arch: str) -> None:
+    scaling = hf.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise hf.error(
+            f"{arch}.rope.scaling.type={scaling!r}: RoPE scaling is not implemented in attnkit"
+        )
+    hf.ignore(f"{arch}.rope.scaling.factor")
+
+
+def _special_ids(metadata: dict[str, Any], vocab: int) -> tuple[int | None, ...]:
+    """(bos, eos, pad) from the tokenizer's metadata; None where absent or out of range."""
+
+    def token_id(key: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, int) and 0 <= value < vocab else None
+
+    return token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
+
+
 def llama_config_from_gguf(
     metadata: dict[str, Any], source: str, *, vocab_size: int | None = None, tied: bool
 ) -> ModelConfig:
@@ -140,12 +159,8 @@ def llama_config_from_gguf(
                 f"llama.{name}={value} differs from the head width {d_head}; attnkit rotates "
                 "and attends over whole heads of d_model / n_heads"
             )
-    scaling = hf.get("llama.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise hf.error(
-            f"llama.rope.scaling.type={scaling!r}: RoPE scaling is not implemented in attnkit"
-        )
-    hf.ignore("llama.rope.scaling.factor", "llama.rope.scaling.original_context_length")
+    _refuse_rope_scaling(hf, "llama")
+    hf.ignore("llama.rope.scaling.original_context_length")
     hf.ignore("llama.rope.scaling.finetuned")
     experts = hf.get_int("llama.expert_count", 0, minimum=0)
     if experts:
@@ -166,11 +181,7 @@ def llama_config_from_gguf(
     }
     hf.check_unknown()
 
-    def token_id(key: str) -> int | None:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        return value if isinstance(value, int) and 0 <= value < vocab else None
-
-    bos, eos, pad = token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
+    bos, eos, pad = _special_ids(metadata, vocab)
     try:
         return ModelConfig(
             vocab_size=vocab,
@@ -208,12 +219,8 @@ def gemma3_config_from_gguf(
         raise hf.error(
             f"gemma3.attention.value_length={value_length} differs from key_length={d_head}"
         )
-    scaling = hf.get("gemma3.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise hf.error(
-            f"gemma3.rope.scaling.type={scaling!r}: RoPE scaling is not implemented in attnkit"
-        )
-    hf.ignore("gemma3.rope.scaling.factor", "gemma3.rope.dimension_count")
+    _refuse_rope_scaling(hf, "gemma3")
+    hf.ignore("gemma3.rope.dimension_count")
     n_heads = hf.get_int("gemma3.attention.head_count")
     vocab = vocab_size if vocab_size is not None else hf.get_int("gemma3.vocab_size")
     sizes = dict(
@@ -230,11 +237,7 @@ def gemma3_config_from_gguf(
     )
     hf.check_unknown()
 
-    def token_id(key: str) -> int | None:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        return value if isinstance(value, int) and 0 <= value < vocab else None
-
-    bos, eos, pad = token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
+    bos, eos, pad = _special_ids(metadata, vocab)
     try:
         return ModelConfig(
             vocab_size=vocab,

@@ -132,21 +132,42 @@ def llama_config_from_hf(hf: HFConfig) -> ModelConfig:
         raise hf.error(str(error)) from None
 
 
-def llama_from_tensors(cfg: ModelConfig, tensors: Tensors, *, assign: bool = False) -> DecoderLM:
-    """A DecoderLM from Llama tensors named as in Hugging Face (``model.`` prefix optional).
+def llama_from_tensors(
+    cfg: ModelConfig, tensors: Tensors, *, norm_shift: float = 0.0, assign: bool = False
+) -> DecoderLM:
+    """A DecoderLM from Llama-family tensors named as in Hugging Face (``model.`` prefix
+    optional): Llama itself, and Gemma 3 where the config names its differences
+    (``cfg.qk_norm``: q_norm and k_norm; ``cfg.sandwich_norms``: post_attention_layernorm after
+    attention, pre_ and post_feedforward_layernorm around the FFN).
 
-    Every tensor must be used: a leftover is a ValueError (the weights do not fit the config).
-    ``assign=True`` makes the tensors the parameters instead of copying them in (the tie of a
-    tied output layer is then not kept: for a model about to be packed, see interop.gguf).
+    ``norm_shift`` is added to every norm weight (1 for Gemma's ``1 + weight`` RMSNorm in
+    Hugging Face's files). Every tensor must be used: a leftover is a ValueError (the weights do
+    not fit the config). ``assign=True`` makes the tensors the parameters instead of copying them
+    in (the tie of a tied output layer is then not kept: for a model about to be packed, see
+    interop.gguf).
     """
     tensors = tensors.rename(lambda name: name.removeprefix("model."))
     tensors.discard(lambda name: not name.endswith("rotary_emb.inv_freq"))  # old buffers
     d, ff, hd = cfg.d_model, cfg.d_ff, cfg.d_head
     q_rows, kv_rows = cfg.n_heads * hd, cfg.kv_heads * hd
+
+    def norm(name: str, size: int) -> Tensor:
+        weight = tensors.take(name, (size,))
+        return weight + norm_shift if norm_shift else weight
+
     ours: dict[str, Tensor] = {
         "embeddings.tokens.weight": tensors.take("embed_tokens.weight", (cfg.vocab_size, d)),
-        "decoder.norm.weight": tensors.take("norm.weight", (d,)),
+        "decoder.norm.weight": norm("norm.weight", d),
     }
+    norms = {"norm1": "input_layernorm"}  # attnkit's name: theirs
+    if cfg.sandwich_norms:
+        norms.update(
+            attn_out_norm="post_attention_layernorm",
+            norm3="pre_feedforward_layernorm",
+            ffn_out_norm="post_feedforward_layernorm",
+        )
+    else:
+        norms["norm3"] = "post_attention_layernorm"
     for i in range(cfg.n_layers):
         theirs, mine = f"layers.{i}", f"decoder.layers.{i}"
         ours[f"{mine}.self_attn.in_proj.weight"] = torch.cat(
@@ -159,10 +180,12 @@ def llama_from_tensors(cfg: ModelConfig, tensors: Tensors, *, assign: bool = Fal
         ours[f"{mine}.self_attn.out_proj.weight"] = tensors.take(
             f"{theirs}.self_attn.o_proj.weight", (d, q_rows)
         )
-        ours[f"{mine}.norm1.weight"] = tensors.take(f"{theirs}.input_layernorm.weight", (d,))
-        ours[f"{mine}.norm3.weight"] = tensors.take(
-            f"{theirs}.post_attention_layernorm.weight", (d,)
-        )
+        if cfg.qk_norm:
+            for part in ("q", "k"):
+                name = f"self_attn.{part}_norm.weight"
+                ours[f"{mine}.{name}"] = norm(f"{theirs}.{name}", hd)
+        for attnkit_name, hf_name in norms.items():
+            ours[f"{mine}.{attnkit_name}.weight"] = norm(f"{theirs}.{hf_name}.weight", d)
         for part in ("gate", "up"):
             ours[f"{mine}.ffn.{part}.weight"] = tensors.take(
                 f"{theirs}.mlp.{part}_proj.weight", (ff, d)
