@@ -55,7 +55,7 @@ def test_lm_eval_scores_each_choice_as_attnkit_does(tmp_path, monkeypatch):
         results = lm_eval.simple_evaluate(
             model="local-completions",
             model_args=f"model=smollm2,base_url={url}/v1/completions,tokenizer_backend=remote,"
-            "num_concurrent=2,max_retries=1,batch_size=8",
+            "num_concurrent=8,max_retries=1,batch_size=8",
             tasks=["attnkit_mc"],
             task_manager=TaskManager(include_path=str(tasks)),
             log_samples=True,
@@ -77,10 +77,10 @@ def test_lm_eval_scores_each_choice_as_attnkit_does(tmp_path, monkeypatch):
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, n = encode(context + continuation), len(encode(context))
-        logits = model(torch.tensor([whole]))[0, :-1].float()
+        hidden, _ = model.hidden_states(torch.tensor([whole]))  # (1, N, D)
+        logits = model.lm_head(hidden[0, n - 1 : -1]).float()  # the continuation's predictions
         logprobs = torch.log_softmax(logits, -1)
-        picked = logprobs[torch.arange(n - 1, len(whole) - 1), torch.tensor(whole[n:])]
-        return float(picked.sum())
+        return float(logprobs[torch.arange(len(whole) - n), torch.tensor(whole[n:])].sum())
 
     correct, worst = 0, 0.0
     for sample in samples:
