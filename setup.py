@@ -3,10 +3,11 @@
 
 Why setuptools: the project already builds with it (pyproject.toml), the kernels are three C
 files with no dependencies beyond libgomp, and its ``build_ext`` command is what both a wheel
-and an editable install run. Each variant of ``src/attnkit/accel/variants.py`` (AMX, AVX-512,
-AVX2, plain C) becomes one shared library, ``attnkit/accel/_kernels_<variant>.*.so``, compiled
-with that variant's machine flags; ``attnkit.accel.native`` loads the best one the CPU runs.
-They are loaded with ctypes, not imported: they hold no Python module.
+and an editable install run. Each variant of ``src/attnkit/accel/variants.py`` (AMX, AVX-512
+VNNI, AVX-512, AVX-VNNI, AVX2, plain C) becomes one shared library,
+``attnkit/accel/_kernels_<variant>.*.so``, compiled with that variant's machine flags;
+``attnkit.accel.native`` loads the best one the CPU runs. They are loaded with ctypes, not
+imported: they hold no Python module.
 
 No C compiler, or a variant the compiler cannot build: the install goes on and says so, and
 attnkit runs those steps on PyTorch (``attnkit info`` shows which kernels are there).

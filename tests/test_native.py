@@ -160,7 +160,12 @@ def test_prepare_swaps_modules_and_reports_why_a_lever_is_off():
     found = {lever.name: lever for lever in accel.prepare(moe, "training").levers}
     assert not found["unpadded"].on and "mixture of experts" in found["unpadded"].why
     decoding = accel.prepare(ak.DecoderLM(ak.ModelConfig.preset("tiny")), "decoding")
-    assert [lever.name for lever in decoding.levers][:2] == ["packed-step", "decoding-layout"]
+    names = [lever.name for lever in decoding.levers][:3]
+    assert names == ["packed-step", "int8-products", "decoding-layout"]
+    assert not decoding.levers[1].on and decoding.levers[1].why in (
+        "no packed weights",
+        "no native kernels (see attnkit info)",
+    )
     with pytest.raises(ValueError, match=r"job must be one of \('training', 'decoding'\)"):
         accel.prepare(model, "serving")
     with pytest.raises(TypeError, match=r"prepare: model must be an nn\.Module, got str"):

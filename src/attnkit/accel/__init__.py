@@ -41,7 +41,8 @@ processor: measure before relying on one).
                   none loaded: each caller falls back to PyTorch, and a warning says why
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
                   blocks, multiplied by the C kernels: ``PackedLinear``,
-                  ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in)
+                  ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in);
+                  ``use_integer_products(model)``: their int8-activation path
     packed_step.py  a Llama layer's decoding step with packed weights as one C call:
                   ``packed_decoder(model)`` (off: ``packed_steps(False)`` or
                   ``ATTNKIT_PACKED_STEP=0``)
@@ -79,7 +80,7 @@ from attnkit.accel.onednn import (
     onednn_linear_available,
     use_onednn_products,
 )
-from attnkit.accel.packed import PackedEmbedding, PackedLinear
+from attnkit.accel.packed import PackedEmbedding, PackedLinear, use_integer_products
 from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
 from attnkit.accel.prepare import Lever, Prepared, levers, prepare
 from attnkit.accel.quantize import quantize
@@ -122,6 +123,7 @@ __all__ = [
     "unpad_stacks",
     "unpadding",
     "use_attention_kernel",
+    "use_integer_products",
     "use_onednn_products",
 ]
 

@@ -2,14 +2,14 @@
 installed, the best one this CPU can run loaded at first use.
 
 ``setup.py`` compiles ``attention.c``, ``lm_loss.c`` and ``packed.c`` into one library per
-variant of :mod:`attnkit.accel.variants` (``amx``, ``avx512``, ``avx2``, ``generic``), each
-with its own machine flags, so that one install serves any x86-64 CPU and survives a move to
-another. :func:`library` loads the first variant, best first, whose instructions this CPU has
-(``/proc/cpuinfo``'s flags); ``ATTNKIT_KERNELS`` names one instead (``generic``, ``avx2``,
-...) or turns them all off (``off``). Whatever goes wrong (nothing built, a variant that fails
-to load), :func:`library` returns None, every caller takes its PyTorch path, and a warning
-says why, once per process: a fallback is never silent. :func:`status` reports it all for
-``attnkit info``.
+variant of :mod:`attnkit.accel.variants` (``amx``, ``vnni``, ``avx512``, ``avxvnni``, ``avx2``,
+``generic``), each with its own machine flags, so that one install serves any x86-64 CPU and
+survives a move to another. :func:`library` loads the first variant, best first, whose
+instructions this CPU has (``/proc/cpuinfo``'s flags); ``ATTNKIT_KERNELS`` names one instead
+(``generic``, ``avx2``, ...) or turns them all off (``off``). Whatever goes wrong (nothing
+built, a variant that fails to load), :func:`library` returns None, every caller takes its
+PyTorch path, and a warning says why, once per process: a fallback is never silent.
+:func:`status` reports it all for ``attnkit info``.
 
 The structs passed to the kernels are defined once, in ``structs.h``; :func:`structure`
 builds the ``ctypes`` classes from the same lines.
@@ -153,6 +153,8 @@ def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
         "transpose_add": (None, [p, p, *[i] * 5]),
         # packed.c
         "packed_matmul": (i, [i, *[p] * 3, *[i] * 4]),
+        "packed_matmul_int8": (i, [i, *[p] * 3, *[i] * 4]),
+        "packed_int8_path": (i, []),
         "packed_dequantize": (i, [i, *[p] * 2, *[i] * 3]),
         "packed_llama_step": (
             i,
@@ -228,7 +230,7 @@ def _choose() -> str | None:
 
 
 def variant() -> str | None:
-    """The variant in use (``"amx"``, ``"avx512"``, ``"avx2"``, ``"generic"``), or None."""
+    """The variant in use (a name of :data:`VARIANTS`: ``"amx"``, ``"avx2"``, ...), or None."""
     if _forced:
         return _forced[-1]
     global _chosen, _decided

@@ -11,6 +11,16 @@ each block once and uses it for every row::
                                      Q4_K w = d q + m per 32 weights (repack_q4_k)
     block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
 
+**The integer path** (``integer=True``, chosen by :func:`use_integer_products`): as llama.cpp
+does, x is first quantized per block of 32 to int8 with a float scale, and each block's share
+is an integer dot product (AVX-512 VNNI, AVX-VNNI or AVX2, by the variant loaded)::
+
+    block b's share of y[n] = d_b dx_b (q_b . qx_b) + m_b dx_b sum(qx_b)
+
+Only x's rounding to 8 bits differs from the float path (``docs/GGUF.md`` measures what it
+costs in perplexity). ``accel.prepare(model, "decoding")`` turns it on where it measures faster
+on the model's own layers.
+
 Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_linear``
 (:func:`register_operator`), which stays one call inside a compiled step.
 
@@ -38,9 +48,11 @@ __all__ = [
     "PackedEmbedding",
     "PackedLinear",
     "dequantize",
+    "int8_path",
     "packed_kernel",
     "register_operator",
     "repack_q4_k",
+    "use_integer_products",
 ]
 
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24}  # bytes per block of 32 weights
@@ -119,6 +131,15 @@ def packed_kernel():
 
 LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_step's layer
 
+_INT8_PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "plain C"}
+
+
+def int8_path() -> str | None:
+    """Which integer dot product the loaded kernels use ("AVX-512 VNNI", "AVX-VNNI", "AVX2",
+    "plain C"), or None without kernels."""
+    kernel = packed_kernel()
+    return None if kernel is None else _INT8_PATHS[kernel.packed_int8_path()]
+
 
 # --------------------------------------------------------------------------------------------
 # The layer
@@ -146,7 +167,8 @@ class PackedLinear(nn.Module):
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
     model's state); ``bias`` (out_features,) float32, optional. Up to ``PROMPT_ROWS`` rows
-    without a gradient go through the packed kernel; anything else through a GEMM on the
+    without a gradient go through the packed kernel, with float32 activations or, with
+    ``integer`` True, int8 ones (the integer path); anything else through a GEMM on the
     dequantized weight.
     """
 
@@ -156,7 +178,13 @@ class PackedLinear(nn.Module):
         return self.kind
 
     def __init__(
-        self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
+        self,
+        blocks: Tensor,
+        kind: str,
+        in_features: int,
+        *,
+        bias: Tensor | None = None,
+        integer: bool = False,
     ) -> None:
         super().__init__()
         _check_blocks("PackedLinear", blocks, kind, in_features)
@@ -165,11 +193,13 @@ class PackedLinear(nn.Module):
                 f"PackedLinear: bias must have shape ({blocks.shape[0]},), got {tuple(bias.shape)}"
             )
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
+        self.integer = bool(integer)
         self.register_buffer("blocks", blocks.contiguous())
         self.register_buffer("bias", bias)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.kind}"
+        integer = ", int8 activations" if self.integer else ""
+        return f"{self.in_features} -> {self.out_features}, {self.kind}{integer}"
 
     def dequantized(self) -> Tensor:
         """The float32 weight (out_features, in_features)."""
@@ -198,7 +228,7 @@ class PackedLinear(nn.Module):
         ):
             y = self._dequantized_product(x)  # a prompt: a GEMM beats the kernel
         else:
-            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features, self.integer)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -243,17 +273,22 @@ class PackedEmbedding(nn.Module):
         return dequantize(rows, self.kind).reshape(*ids.shape, self.embedding_dim)
 
 
-def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+def _packed_product(
+    x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
+) -> Tensor:
     """``x W^T`` by the packed kernel, x (..., in_features): ``MAX_ROWS`` rows at a time (a
-    prompt's rows in several calls, each reading the weights once). Written for a small call
-    cost: a decoding step makes one call per linear layer."""
+    prompt's rows in several calls, each reading the weights once); ``integer``: with x in
+    int8 blocks. Written for a small call cost: a decoding step makes one call per linear
+    layer."""
     in_features = x.shape[-1]
     flat = x.reshape(-1, in_features)  # (rows, in)
     if flat.dtype != torch.float32 or not flat.is_contiguous():
         flat = flat.float().contiguous()
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
-    kernel, threads = packed_kernel().packed_matmul, torch.get_num_threads()
+    library = packed_kernel()
+    kernel = library.packed_matmul_int8 if integer else library.packed_matmul
+    threads = torch.get_num_threads()
     x_at, y_at, w_at = flat.data_ptr(), out.data_ptr(), blocks.data_ptr()
     for start in range(0, rows, MAX_ROWS):  # 4-byte floats: the rows' addresses
         n = min(MAX_ROWS, rows - start)
@@ -279,12 +314,50 @@ def register_operator():
     if _operator is None:
 
         @torch.library.custom_op("attnkit::packed_linear", mutates_args=())
-        def packed_linear(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
-            return _packed_product(x, blocks, kind, out_features)
+        def packed_linear(
+            x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
+        ) -> Tensor:
+            return _packed_product(x, blocks, kind, out_features, integer)
 
         @packed_linear.register_fake
-        def _(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+        def _(
+            x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
+        ) -> Tensor:
             return x.new_empty(*x.shape[:-1], out_features)
 
         _operator = packed_linear
     return _operator
+
+
+# --------------------------------------------------------------------------------------------
+# The integer path, chosen by a call
+# --------------------------------------------------------------------------------------------
+
+
+def use_integer_products(model: nn.Module, enabled: bool = True) -> int:
+    """Set every :class:`PackedLinear` of ``model`` to the integer path (``enabled``) or the
+    float32 one; returns how many were set. (``accel.prepare`` calls it with its choice.)"""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.integer = bool(enabled)
+            count += 1
+    return count
+
+
+def time_paths(layer: PackedLinear, rounds: int = 7) -> dict[str, float]:
+    """The fastest of ``rounds`` one-row products through ``layer``'s blocks, in seconds, by
+    the float32 path and the integer one (alternating, after a warm-up)."""
+    import time
+
+    x = torch.randn(1, layer.in_features, generator=torch.Generator().manual_seed(0))
+    code = _KIND_CODES[layer.kind]
+    best = {"float32": float("inf"), "int8": float("inf")}
+    for round_ in range(rounds + 1):
+        for name in best:
+            start = time.perf_counter()
+            for _ in range(4):
+                _packed_product(x, layer.blocks, code, layer.out_features, name == "int8")
+            if round_:
+                best[name] = min(best[name], (time.perf_counter() - start) / 4)
+    return best

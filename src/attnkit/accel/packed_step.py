@@ -5,7 +5,8 @@ RoPE, the cache, attention, SwiGLU, residual adds), each a few microseconds of d
 five products through :class:`~attnkit.accel.PackedLinear`; for SmolLM2-135M's 30 layers that
 is more time than the products themselves (``bench/gguf_profile.py``). :class:`PackedDecoder`
 runs the same arithmetic per layer as one call into ``packed.c`` (``packed_llama_step``: one
-parallel region, the products by the same kernel as ``PackedLinear``)::
+parallel region, the products by the same kernel as ``PackedLinear``, on its float32 or
+integer path as the layer's products are set)::
 
     h = RMSNorm_1(x);  q, k, v = h W_in;  q, k = RoPE(q, k, position);  cache[t] = k, v
     x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
@@ -60,8 +61,11 @@ def why_not(model: nn.Module) -> str | None:
         if getattr(cfg, name) != value:
             return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"
     for layer in model.decoder.layers:
-        if not all(isinstance(p, PackedLinear) and p.bias is None for p in _products(layer)):
+        products = _products(layer)
+        if not all(isinstance(p, PackedLinear) and p.bias is None for p in products):
             return "a layer's products are not all packed"
+        if len({p.integer for p in products}) > 1:
+            return "a layer's products mix the integer and float32 paths"
         if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
     if packed_kernel() is None:
@@ -109,6 +113,7 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
         inv_freq=inv_freq,
         kind=(ctypes.c_int * 5)(*[_KIND_CODES[p.kind] for p in products]),
         weight=(ctypes.c_void_p * 5)(*[p.blocks.data_ptr() for p in products]),
+        integer=int(products[0].integer),
     )
 
 

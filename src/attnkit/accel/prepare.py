@@ -15,8 +15,10 @@ chooses and reports:
   the model (module swaps), and its attention layers choose the C kernel; glibc's kept memory
   acts on the process (``training.config.step_context``); compiled layers are the recipe's
   ``train.compile``;
-- decoding: a Llama model with packed GGUF weights steps in C; the linear weights are laid out
-  for one-row products once; ``generate(compile=True)`` compiles the step.
+- decoding: a Llama model with packed GGUF weights steps in C; its packed products take the
+  integer path (int8 activations) where it measures faster on the model's own layers; the
+  linear weights are laid out for one-row products once; ``generate(compile=True)`` compiles
+  the step.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from attnkit.accel.onednn import (
     onednn_linear_available,
     use_onednn_products,
 )
+from attnkit.accel.packed import PackedLinear, int8_path, time_paths, use_integer_products
 from attnkit.accel.switch import switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
@@ -120,6 +123,33 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
     return levers
 
 
+_INT8 = "ATTNKIT_INT8"  # 0: the float32 path, 1: the integer path, unset: measured
+
+
+def _integer_lever(model: nn.Module | None) -> Lever:
+    """int8-products: whether packed products take the integer path, and why."""
+    forced = os.environ.get(_INT8)
+    if forced == "0":
+        return Lever("int8-products", False, f"{_INT8}=0")
+    path = int8_path()
+    if path is None:
+        return Lever("int8-products", False, "no native kernels (see attnkit info)")
+    if model is None:
+        why = f"{_INT8}=1" if forced == "1" else "where it measures faster on the model"
+        return Lever("int8-products", True, f"{path}; {why}")
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    if not packed:
+        return Lever("int8-products", False, "no packed weights")
+    if forced == "1":
+        return Lever("int8-products", True, f"{path}; {_INT8}=1")
+    layer = max(packed, key=lambda m: m.blocks.numel())
+    times = time_paths(layer)
+    faster = times["int8"] < 0.97 * times["float32"]
+    ms = {name: f"{t * 1e3:.3f} ms" for name, t in times.items()}
+    why = f"{path}; one row x {layer.out_features}: int8 {ms['int8']}, float32 {ms['float32']}"
+    return Lever("int8-products", faster, why)
+
+
 def _decoding_levers(model: nn.Module | None) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
     packed = _kernel_lever(
@@ -130,6 +160,7 @@ def _decoding_levers(model: nn.Module | None) -> list[Lever]:
         packed = Lever("packed-step", why is None, packed.why if why is None else why)
     return [
         packed,
+        _integer_lever(model),
         Lever("decoding-layout", layout.on, "once, in place" if layout.on else layout.why_off),
         Lever("compiled-step", False, "generate(compile=True) asks for it"),
     ]
@@ -148,9 +179,11 @@ def prepare(model: nn.Module, job: str) -> Prepared:
     For training, the model's LM heads get the fused loss, its stacks the unpadded forward and
     its linear layers oneDNN's products where they measured faster (module swaps, in place),
     and its attention layers choose the C kernel for their fused path.
-    For decoding, the linear weights are laid out for one-row products once, in place (so
-    that ``generate`` need not do it per call), and the packed C step is reported as it will
-    run for this model (``generate`` builds it per call).
+    For decoding, packed products take the integer path where it measured faster on the
+    model's largest packed layer (``ATTNKIT_INT8=0`` or ``1`` forces a path), the linear weights
+    are laid out for one-row products once, in place (so that ``generate`` need not do it per
+    call), and the packed C step is reported as it will run for this model (``generate`` builds
+    it per call).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
@@ -158,7 +191,9 @@ def prepare(model: nn.Module, job: str) -> Prepared:
         raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
     if job == "decoding":
         found = _decoding_levers(model)
-        if found[1].on:
+        on = {lever.name: lever.on for lever in found}
+        use_integer_products(model, bool(on["int8-products"]))
+        if on["decoding-layout"]:
             lay_out_for_decoding(model)
         return Prepared(model, job, found)
     found = _training_levers(model)

@@ -22,15 +22,32 @@ VARIANTS = {
             "avx512dq",
             "avx512vl",
             "avx512_bf16",
+            "avx512_vnni",
             "amx_tile",
             "amx_bf16",
         ),
-        "compiler_flags": ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+        "compiler_flags": (
+            "-march=x86-64-v4",
+            "-mavx512bf16",
+            "-mavx512vnni",
+            "-mamx-tile",
+            "-mamx-bf16",
+        ),
+    },
+    # AVX-512 with VNNI's integer dot products (Intel from Cascade Lake on, AMD Zen 4 and later)
+    "vnni": {
+        "cpu_flags": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"),
+        "compiler_flags": ("-march=x86-64-v4", "-mavx512vnni"),
     },
     # AVX-512 F/BW/DQ/VL (x86-64-v4: Intel Skylake-X and later, AMD Zen 4 and later)
     "avx512": {
         "cpu_flags": ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
         "compiler_flags": ("-march=x86-64-v4",),
+    },
+    # AVX2 with AVX-VNNI's 256-bit integer dot products (Intel client CPUs from Alder Lake on)
+    "avxvnni": {
+        "cpu_flags": ("avx2", "fma", "f16c", "avx_vnni"),
+        "compiler_flags": ("-march=x86-64-v3", "-mavxvnni"),
     },
     # AVX2, FMA and F16C (x86-64-v3: Intel Haswell and later, AMD Zen 1 and later)
     "avx2": {
@@ -44,4 +61,5 @@ VARIANTS = {
     },
 }
 
-X86_ONLY = ("amx", "avx512", "avx2")  # on another architecture only "generic" is built
+# on another architecture only "generic" is built
+X86_ONLY = ("amx", "vnni", "avx512", "avxvnni", "avx2")
