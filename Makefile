@@ -82,8 +82,10 @@ lint: $(KERNELS)
 	$(BIN)/ruff check src tests bench setup.py
 	$(BIN)/ruff format --check src tests bench setup.py
 
+# The tests on both cores (each file in one worker), then the timed ones alone.
 test: lint data
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -m serial
 
 bench: $(KERNELS)
 	$(BIN)/python bench/attention.py

@@ -143,6 +143,7 @@ def test_report_draws_selects_and_hovers_in_chromium(tmp_path: Path, browser: Br
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 1000
 
 
+@pytest.mark.serial
 def test_a_report_of_2048_tokens_opens_in_under_3_s_and_stays_responsive(tmp_path, browser):
     n, layers, heads = 2048, 6, 2
     g = torch.Generator().manual_seed(0)

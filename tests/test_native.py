@@ -134,6 +134,7 @@ def test_info_names_the_cpu_the_kernels_and_the_levers(capsys):
     assert {lever["name"] for lever in facts["levers"]["training"]} >= {"unpadded", "fused-loss"}
 
 
+@pytest.mark.serial
 def test_info_runs_in_a_fresh_process_in_under_3_seconds():
     """What a user types; the onednn choice is measured once per machine and kept."""
     subprocess.run([sys.executable, "-m", "attnkit.cli", "info"], check=True, capture_output=True)

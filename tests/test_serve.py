@@ -235,6 +235,7 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_row(server):
     _no_row_left_within(server, seconds=20)
 
 
+@pytest.mark.serial
 @pytest.mark.needs("chromium")
 def test_the_attention_page_in_chromium(server, tmp_path: Path):
     # the weights as drawn: each cell's colour read back from the canvas (white to blue by
@@ -332,6 +333,7 @@ def test_chat_command_keeps_the_conversation(smollm2):
     assert re.search(r", \d+ CPU thread\(s\), chat template: from the model", out.stderr)
 
 
+@pytest.mark.serial
 @pytest.mark.needs("chromium")
 def test_the_attention_page_stays_responsive_over_2048_tokens(server):
     """A reply token over a context of about 2,048 tokens: its attention (30 layers x 9 heads x

@@ -251,6 +251,7 @@ def test_the_api_key_cors_and_413_however_a_body_is_sent(guarded):
     assert httpx.post(guarded + "/v1/completions", content=small, headers=auth).status_code == 200
 
 
+@pytest.mark.serial
 def test_a_full_queue_answers_429_and_a_slow_request_504(guarded):
     """One row and a queue of one: while a long request holds the row, of five more sent at
     once one may wait and the rest are refused with 429 and Retry-After; the long one times
@@ -576,6 +577,7 @@ def test_an_encoder_serves_the_embeddings_attnkit_embed_computes(tmp_path):
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
 
 
+@pytest.mark.serial
 def test_thirty_two_clients_against_a_bounded_queue(tmp_path):
     """32 clients at once against --max-batch 8 --max-queue 16: every request is answered
     with the greedy answer it gets alone, or refused with 429; the server's memory stays
