@@ -1,5 +1,7 @@
 """Decode speed, packed attnkit against llama.cpp, in alternating bursts: SmolLM2-135M-Instruct
-(Q4_1), greedy, the same 12-token prompt and thread count.
+(Q4_1) and Gemma 3 270M (Q4_K_M), greedy, the same prompt and thread count; attnkit on each
+path of its packed products (float32: exact float32 activations; int8: activations quantized
+to 8 bits, integer dot products, as llama.cpp).
 
 This machine's speed drifts by a third within minutes, and more at times, so two runs a minute
 apart (``gguf_speed.py``'s rounds) can differ by 2x for reasons of their own. Here each side
@@ -7,7 +9,7 @@ loads the model once, in its own process, and they take turns: a burst of ``--to
 tokens by one, then by the other (every other pair in the reverse order), ``--pairs`` times.
 Each pair's ratio compares two bursts run seconds apart; the median of the pairs is the figure.
 
-    python bench/gguf_decode.py [--threads 2] [--tokens 128] [--pairs 10]
+    python bench/gguf_decode.py [--model smollm2 gemma3] [--threads 2] [--tokens 128] [--pairs 10]
 """
 
 from __future__ import annotations
@@ -24,16 +26,32 @@ import time
 from common import cpu_description, save_results
 from gguf_speed import PROMPT, model_path
 
+MODELS = {"smollm2": "SmolLM2 Q4_1", "gemma3": "Gemma 3 270M Q4_K_M"}
+PATHS = ("float32", "int8")
 
-def attnkit_worker(threads: int):
+
+def gguf_path(model: str):
+    if model == "smollm2":
+        return model_path()
+    from pathlib import Path
+
+    from attnkit.interop.pretrained import _packaged
+
+    return _packaged(Path("gemma3"))  # the shipped chunks, joined once
+
+
+def attnkit_worker(threads: int, model_name: str, path: str):
     import torch
 
     import attnkit as ak
+    from attnkit.accel import use_integer_products
     from attnkit.interop import load_tokenizer_for
 
     torch.set_num_threads(threads)
-    model = ak.from_pretrained(model_path(), dequantize=False)
-    ids = torch.tensor([load_tokenizer_for(model_path()).encode(PROMPT)])
+    file = gguf_path(model_name)
+    model = ak.from_pretrained(file, dequantize=False).eval()
+    use_integer_products(model, path == "int8")
+    ids = torch.tensor([load_tokenizer_for(file).encode(PROMPT)])
 
     def burst(tokens: int) -> float:
         stamps: list[float] = []
@@ -45,11 +63,11 @@ def attnkit_worker(threads: int):
     return burst
 
 
-def llama_cpp_worker(threads: int, n_batch: int = 512):
+def llama_cpp_worker(threads: int, model_name: str, n_batch: int = 512):
     from llama_cpp import Llama
 
     llm = Llama(
-        model_path=str(model_path()), n_threads=threads, n_ctx=1024, n_batch=n_batch,
+        model_path=str(gguf_path(model_name)), n_threads=threads, n_ctx=1024, n_batch=n_batch,
         verbose=False,
     )  # fmt: skip
     ids = llm.tokenize(PROMPT.encode(), add_bos=False)
@@ -66,38 +84,31 @@ def llama_cpp_worker(threads: int, n_batch: int = 512):
     return burst
 
 
-def serve(name: str, threads: int, n_batch: int) -> None:
+def serve(name: str, model: str, threads: int, n_batch: int) -> None:
     """A worker: load, warm up, then answer each line N on stdin with N tokens' tokens/s."""
-    burst = attnkit_worker(threads) if name == "attnkit" else llama_cpp_worker(threads, n_batch)
+    if name == "llama.cpp":
+        burst = llama_cpp_worker(threads, model, n_batch)
+    else:
+        burst = attnkit_worker(threads, model, name.removeprefix("attnkit-"))
     burst(8)
     print("ready", flush=True)
     for line in sys.stdin:
         print(json.dumps(burst(int(line))), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--pairs", type=int, default=10)
-    parser.add_argument("--worker", choices=["attnkit", "llama.cpp"], help=argparse.SUPPRESS)
-    parser.add_argument("--n-batch", type=int, default=512, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        serve(args.worker, args.threads, args.n_batch)
-        return
-    if importlib.util.find_spec("llama_cpp") is None:
-        sys.exit("needs llama-cpp-python (make bench builds it)")
-    print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
+def start(name: str, model: str, threads: int, n_batch: int = 512) -> subprocess.Popen:
+    command = [sys.executable, __file__, "--worker", name, "--model", model]
+    return subprocess.Popen(
+        [*command, "--threads", str(threads), "--n-batch", str(n_batch)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
 
-    def start(name: str, n_batch: int = 512) -> subprocess.Popen:
-        command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
-        return subprocess.Popen(
-            [*command, "--n-batch", str(n_batch)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
 
-    workers = {name: start(name) for name in ("attnkit", "llama.cpp")}
+def compare(model: str, args) -> dict:
+    """Alternating bursts of each attnkit path and llama.cpp on ``model``: the pairs' ratios."""
+    print(f"\n{MODELS[model]} ({gguf_path(model).name})")
+    names = [*(f"attnkit-{path}" for path in PATHS), "llama.cpp"]
+    workers = {name: start(name, model, args.threads) for name in names}
     for name, process in list(workers.items()):
         if process.stdout.readline().strip() == "ready":
             continue
@@ -106,7 +117,7 @@ def main() -> None:
             # batched prompt path on some CPUs (an Intel Xeon with AMX); its decode, one token
             # at a time, is the same with a batch of one
             print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
-            workers[name] = process = start(name, 1)
+            workers[name] = process = start(name, model, args.threads, 1)
             if process.stdout.readline().strip() == "ready":
                 continue
         sys.exit(f"the {name} worker failed to start (exit status {process.wait()})")
@@ -116,28 +127,60 @@ def main() -> None:
         workers[name].stdin.flush()
         return json.loads(workers[name].stdout.readline())
 
-    ratios = []
-    print(f"{'pair':>4} {'attnkit tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7}")
+    ratios: dict[str, list[float]] = {path: [] for path in PATHS}
+    print(f"{'pair':>4} " + " ".join(f"{n + ' tok/s':>18}" for n in names) + "   ratios")
     for pair in range(args.pairs):
-        order = ["attnkit", "llama.cpp"] if pair % 2 == 0 else ["llama.cpp", "attnkit"]
+        order = names if pair % 2 == 0 else names[::-1]
         speeds = {name: burst(name) for name in order}
-        ratios.append(speeds["attnkit"] / speeds["llama.cpp"])
-        mine, theirs = speeds["attnkit"], speeds["llama.cpp"]
-        print(f"{pair + 1:>4} {mine:>14.1f} {theirs:>16.1f} {ratios[-1]:>6.2f}x")
+        for path in PATHS:
+            ratios[path].append(speeds[f"attnkit-{path}"] / speeds["llama.cpp"])
+        cells = " ".join(f"{speeds[n]:>18.1f}" for n in names)
+        shown = "  ".join(f"{path} {ratios[path][-1]:.2f}x" for path in PATHS)
+        print(f"{pair + 1:>4} {cells}   {shown}")
     for process in workers.values():
         process.stdin.close()
         process.wait()
-    print(
-        f"decode, attnkit packed / llama.cpp: median {statistics.median(ratios):.2f}x "
-        f"(pairs {min(ratios):.2f}-{max(ratios):.2f}x, {args.tokens} tokens a burst)"
+    figures = {}
+    for path in PATHS:
+        found = ratios[path]
+        print(
+            f"{MODELS[model]} decode, attnkit {path} / llama.cpp: median "
+            f"{statistics.median(found):.2f}x (pairs {min(found):.2f}-{max(found):.2f}x, "
+            f"{args.tokens} tokens a burst)"
+        )
+        quartiles = statistics.quantiles(found, n=4) if len(found) > 1 else [found[0]] * 3
+        figures[f"{MODELS[model]} decode: attnkit {path} / llama.cpp"] = (
+            found,
+            [quartiles[0], statistics.median(found), quartiles[2]],
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument(
+        "--worker", choices=[*(f"attnkit-{p}" for p in PATHS), "llama.cpp"], help=argparse.SUPPRESS
     )
-    name = "SmolLM2 Q4_1 decode: attnkit packed / llama.cpp"
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    parser.add_argument("--n-batch", type=int, default=512, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        serve(args.worker, args.model[0], args.threads, args.n_batch)
+        return
+    if importlib.util.find_spec("llama_cpp") is None:
+        sys.exit("needs llama-cpp-python (make bench builds it)")
+    print(f"CPU: {cpu_description()}; {args.threads} threads")
+    found = {}
+    for model in args.model:
+        found.update(compare(model, args))
     figures = {
-        "pairs": ratios,
-        "ratios": {name: statistics.median(ratios)},
-        "spreads": {name: [quartiles[0], statistics.median(ratios), quartiles[2]]},
-        "targets": {name: 1.0},
+        "pairs": {name: pairs for name, (pairs, _) in found.items()},
+        "ratios": {name: spread[1] for name, (_, spread) in found.items()},
+        "spreads": {name: spread for name, (_, spread) in found.items()},
+        "targets": dict.fromkeys(found, 1.0),
     }
     print(f"wrote {save_results('gguf_decode', figures)}")
 

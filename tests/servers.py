@@ -3,6 +3,7 @@ that call it with clients nobody here wrote."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -21,8 +22,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(log: Path, *options: str, model: str = "smollm2", headers: dict | None = None):
-    """Run ``attnkit serve MODEL *options`` until the block ends; yields its base URL."""
+def serving(
+    log: Path,
+    *options: str,
+    model: str = "smollm2",
+    headers: dict | None = None,
+    env: dict | None = None,
+):
+    """Run ``attnkit serve MODEL *options`` until the block ends, with ``env`` added to the
+    environment; yields its base URL."""
     port = free_port()
     command = [sys.executable, "-m", "attnkit.cli", "serve", model, "--port", str(port), *options]
     with log.open("w") as out:
@@ -30,6 +38,7 @@ def serving(log: Path, *options: str, model: str = "smollm2", headers: dict | No
         # background (a shell's background job passes SIGINT on as ignored)
         process = subprocess.Popen(
             command,
+            env={**os.environ, **(env or {})},
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

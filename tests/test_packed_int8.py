@@ -47,18 +47,29 @@ def test_the_reference_rounds_ties_to_even():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
+    """Rows of blocks, and the same blocks repacked into tiles."""
     kernel = native.load(variant)
+    tile = kernel.packed_tile_rows()
+    assert tile == (16 if variant in ("amx", "vnni") else 8)
     for kind in KINDS:
-        blocks = random_blocks(kind, 40, 512, seed=5)
-        weight = dequantize(blocks, kind).reshape(40, 512)
+        blocks = random_blocks(kind, 48, 512, seed=5)
+        weight = dequantize(blocks, kind).reshape(48, 512)
         code = packed._KIND_CODES[kind]
+        tiles = torch.empty(48, 512 // 32 * packed.TILE_BYTES[kind], dtype=torch.uint8)
+        assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), 48, 512) == 0
         for rows in (1, 5, packed.MAX_ROWS):
             x = rows_of(torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)))
-            y = torch.empty(rows, 40)
+            y = torch.empty(rows, 48)
             pointers = (blocks.data_ptr(), x.data_ptr(), y.data_ptr())
-            assert kernel.packed_matmul_int8(code, *pointers, rows, 40, 512, 2) == 0
+            assert kernel.packed_matmul_int8(code, *pointers, rows, 48, 512, 2) == 0
             check(y, x, weight, (variant, kind, rows))
-        assert kernel.packed_matmul_int8(code, *pointers, packed.MAX_ROWS + 1, 40, 512, 2) == -1
+            y = torch.empty(rows, 48)
+            tile_pointers = (tiles.data_ptr(), x.data_ptr(), y.data_ptr())
+            tile_code = packed.TILE_CODES[kind]
+            assert kernel.packed_matmul_tiles(tile_code, *tile_pointers, rows, 48, 512, 2) == 0
+            check(y, x, weight, (variant, kind, rows, "tiles"))
+        assert kernel.packed_matmul_int8(code, *pointers, packed.MAX_ROWS + 1, 48, 512, 2) == -1
+        assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), tile + 1, 512) == -1
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,6 +81,8 @@ def test_a_packed_linear_on_the_integer_path(kind):
     weight = dequantize(blocks, kind).reshape(64, cols)
     layer = PackedLinear(blocks, kind, cols, integer=True)
     assert "int8 activations" in repr(layer)
+    assert layer.tiles is not None  # whole tiles of 16 or 8 rows
+    assert "tiles" not in layer.state_dict()  # rebuilt from the blocks, never saved
     x = torch.randn(packed.MAX_ROWS + 3, cols, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         got = layer(x)
@@ -78,6 +91,12 @@ def test_a_packed_linear_on_the_integer_path(kind):
     check(got, x, weight, kind)
     assert torch.equal(got, alone)
     torch.testing.assert_close(prompt, F.linear(torch.cat([x, x]), weight), rtol=1e-4, atol=1e-4)
+    odd = PackedLinear(blocks[:40].contiguous(), kind, cols, integer=True)  # not whole tiles
+    assert odd.tiles is None
+    with torch.no_grad():
+        check(odd(x), x, weight[:40], (kind, "rows"))
+    layer.set_integer(False)
+    assert layer.tiles is None and not layer.integer
 
 
 def test_the_integer_error_is_the_rounding_of_x():

@@ -24,11 +24,15 @@ from servers import serving
 pytestmark = pytest.mark.needs("smollm2")
 
 KEY = "sk-test-attnkit"
+# The servers whose numbers are compared with attnkit's own float32 forward take the float32
+# path of the packed products (test_the_integer_path_serves_its_own_logprobs: the other)
+FLOAT32 = {"ATTNKIT_INT8": "0"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("serve") / "serve.log", "--max-batch", "4") as url:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with serving(log, "--max-batch", "4", env=FLOAT32) as url:
         yield url
 
 
@@ -42,12 +46,16 @@ def client(server):
 @pytest.fixture(scope="module")
 def reference():
     """attnkit's own forward in this process: the log-probabilities of each token of a
-    sequence given the ones before it, (N - 1,), and the tokenizer and chat template."""
+    sequence given the ones before it, (N - 1,) (``integer``: on the integer path of the
+    packed products), and the tokenizer and chat template."""
+    from attnkit.accel import use_integer_products
+
     model = ak.from_pretrained("smollm2", dequantize=False).eval()
     tokenizer = load_tokenizer_for("smollm2")
 
     @torch.no_grad()
-    def logprobs(ids: list[int]) -> torch.Tensor:
+    def logprobs(ids: list[int], integer: bool = False) -> torch.Tensor:
+        use_integer_products(model, integer)
         logits = model(torch.tensor([ids]))[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
@@ -84,6 +92,28 @@ def test_chat_logprobs_are_the_models_own(client, reference):
                 for e in c.choices[0].logprobs.content]  # fmt: skip
     # (the second request reuses the first one's prompt cache: float rounding differs a little)
     torch.testing.assert_close(torch.tensor(streamed), got, rtol=0, atol=1e-4)
+
+
+def test_the_integer_path_serves_its_own_logprobs(tmp_path, reference):
+    """A server on the integer path (int8 activations, ATTNKIT_INT8=1): its run header says
+    so, and the prompt's log-probabilities are attnkit's own forward on the same path; they
+    differ from the float32 path's by what 8-bit activations cost (printed)."""
+    from openai import OpenAI
+
+    logprobs, tokenizer, _ = reference
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = tokenizer.encode(text)
+    with serving(tmp_path / "serve.log", env={"ATTNKIT_INT8": "1"}) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="not-needed", max_retries=0)
+        reply = client.completions.create(
+            model="smollm2", prompt=text, max_tokens=0, echo=True, logprobs=0
+        )
+    assert "int8-products on" in (tmp_path / "serve.log").read_text()
+    got = torch.tensor(reply.choices[0].logprobs.token_logprobs[1:])
+    torch.testing.assert_close(got, logprobs(ids, integer=True), rtol=0, atol=1e-3)
+    gap = float((got - logprobs(ids)).abs().max())
+    print(f"\nint8 against float32 activations: largest log-probability difference {gap:.3f}")
+    assert 0 < gap < 0.5
 
 
 def test_completions_echo_scores_the_prompt(client, reference):
@@ -209,6 +239,7 @@ def guarded(tmp_path_factory):
         yield url
 
 
+@pytest.mark.serial  # its server answers in 3 s or 504
 def test_the_api_key_cors_and_413_however_a_body_is_sent(guarded):
     from openai import OpenAI
 
@@ -323,7 +354,7 @@ def test_the_prompt_cache_changes_no_answer(tmp_path):
     questions = ("What is 2+2?", "What is 3+3?", "What is 2+2?")
     answers = {}
     for size in ("0", "16384"):
-        with serving(tmp_path / f"serve{size}.log", "--prompt-cache", size) as url:
+        with serving(tmp_path / f"serve{size}.log", "--prompt-cache", size, env=FLOAT32) as url:
             for question in questions:
                 body = {
                     "messages": [

@@ -29,26 +29,18 @@ inference graph (``accel.compiled_step``) sees ordinary linears instead.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.accel.measured import machine_key, remembered
 from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: processes measuring at once may each write their own
-    fcntl = None
 
 __all__ = [
     "OneDNNLinear",
@@ -74,23 +66,6 @@ if os.environ.get(_switch.env, "auto") not in ("0", "1"):
 # oneDNN must beat MKL by this much to be chosen: torch's own GEMM is the default.
 _MARGIN = 0.97
 _choice: dict | None = None  # the measured default, once known
-
-
-def cache_dir() -> Path:
-    """Where the measured choice is kept: ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE``
-    moves it)."""
-    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
-    return Path(root) / "kernels"
-
-
-def processor() -> str:
-    """The processor's model name and instruction-set flags (part of the choice's key)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))][:2]
-        return "".join(lines)
-    except OSError:
-        return platform.processor()
 
 
 # Known at import, so that a graph being compiled reads a constant (Dynamo does not trace
@@ -179,30 +154,8 @@ def describe_choice(choice: dict | None = None) -> str:
 
 
 def _remembered() -> dict:
-    """This machine's measurement from the cache file, or a new one written there (under a
-    lock, so that processes starting together measure once and agree)."""
-    path = cache_dir() / "onednn.json"
-    cpu = processor()
-    name = cpu.splitlines()[0].partition(":")[2].strip() if ":" in cpu else cpu
-    flags = hashlib.sha256(cpu.encode()).hexdigest()[:8]
-    key = f"{name} ({flags}), torch {torch.__version__}, {torch.get_num_threads()} threads"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a") as lock:
-            if fcntl is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                known = json.loads(path.read_text())
-            except (OSError, ValueError):
-                known = {}
-            if key not in known:
-                known[key] = measure()
-                scratch = path.with_suffix(f".{os.getpid()}.tmp")
-                scratch.write_text(json.dumps(known, indent=1))
-                scratch.replace(path)  # atomic: a reader never sees half a file
-            return {**known[key], "file": str(path)}
-    except OSError:  # a read-only home: measure for this process alone
-        return measure()
+    """This machine's measurement, kept (:func:`attnkit.accel.measured.remembered`)."""
+    return remembered("onednn", machine_key(), measure)
 
 
 def _enabled() -> bool:

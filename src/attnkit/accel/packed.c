@@ -519,6 +519,248 @@ int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Tiles: the blocks repacked for the integer path, TILE rows at a time, so that one integer
+ * instruction serves TILE rows at once and no block needs a horizontal sum (the layout that
+ * llama.cpp's AMX/VNNI backend and its "repacked" CPU types use). Tile (t, b) holds rows
+ * t * TILE .. + TILE - 1 of block column b: float32 d[TILE] and m[TILE] (w = d q + m), then
+ *
+ *   4-bit kinds (Q4_0, Q4_1, Q4_K; m = -8 d for Q4_0), 24 * TILE bytes: 4 chunks of TILE x 4
+ *   bytes; chunk c, row i, byte j holds weight 8c + j in its low nibble and 8c + 4 + j in its
+ *   high one. Its low nibbles meet x's bytes 8c .. 8c + 3 (broadcast to every row's lane),
+ *   its high nibbles bytes 8c + 4 .. 8c + 7.
+ *   Q8_0, 40 * TILE bytes: 8 chunks of TILE x 4 bytes; chunk c, row i, byte j holds weight
+ *   4c + j. With VNNI (unsigned x signed bytes) they are stored as q + 128 and m = -128 d; with
+ *   AVX2 as q, and the product takes |q| against x with q's sign (m = 0).
+ *
+ * TILE is 16 with AVX-512 VNNI (a 512-bit register: 16 rows x 4 bytes), 8 elsewhere.
+ * ------------------------------------------------------------------------------------------ */
+#if INT8_PATH == 3
+#define TILE 16
+#else
+#define TILE 8
+#endif
+#define TILE_Q4 (24 * TILE) /* bytes of a 4-bit tile */
+#define TILE_Q8 (40 * TILE) /* bytes of a Q8_0 tile */
+#define Q8_OFFSET (INT8_PATH >= 2) /* Q8_0 tiles hold q + 128 (VNNI) */
+
+/* Rows per tile in this build (16 or 8). */
+int packed_tile_rows(void) { return TILE; }
+
+/* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1 or 3 Q4_K repacked) -> tiles, out:
+ * N / TILE * K / 32 tiles. Returns 0, or -1 for arguments it cannot take. */
+int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
+    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 3) return -1;
+    static const int bytes[4] = {34, 18, 20, 24}, at[4] = {2, 2, 4, 8};
+    const int nb = K / QK, tile_bytes = kind == 0 ? TILE_Q8 : TILE_Q4;
+    for (int t = 0; t < N / TILE; t++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *tile = out + ((size_t)t * nb + b) * tile_bytes;
+            float *d = (float *)tile, *m = d + TILE;
+            uint8_t *chunks = tile + 8 * TILE;
+            for (int i = 0; i < TILE; i++) {
+                const uint8_t *block = W + ((size_t)(t * TILE + i) * nb + b) * bytes[kind];
+                if (kind == 3) {
+                    memcpy(d + i, block, 4);
+                    memcpy(m + i, block + 4, 4);
+                } else {
+                    d[i] = half_to_float(block);
+                    m[i] = kind == 1 ? -8.0f * d[i] : kind == 2 ? half_to_float(block + 2) : 0.0f;
+                }
+                if (kind == 0) {
+                    if (Q8_OFFSET) m[i] = -128.0f * d[i];
+                    for (int c = 0; c < 8; c++)
+                        for (int j = 0; j < 4; j++)
+                            chunks[(c * TILE + i) * 4 + j] =
+                                (uint8_t)(block[2 + 4 * c + j] ^ (Q8_OFFSET ? 0x80 : 0));
+                    continue;
+                }
+                uint8_t q[QK]; /* the block's 32 integers, in order */
+                for (int j = 0; j < QK / 2; j++) {
+                    q[j] = block[at[kind] + j] & 15;
+                    q[j + QK / 2] = block[at[kind] + j] >> 4;
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++)
+                        chunks[(c * TILE + i) * 4 + j] = q[8 * c + j] | (q[8 * c + 4 + j] << 4);
+            }
+        }
+    return 0;
+}
+
+#if INT8_PATH == 3
+#define TVEC __m512
+#define TINT __m512i
+#define ti_load(p) _mm512_loadu_si512((const void *)(p))
+#define ti_and(a, b) _mm512_and_si512(a, b)
+#define ti_add(a, b) _mm512_add_epi32(a, b)
+#define ti_srli16(a, n) _mm512_srli_epi16(a, n)
+#define ti_set1_8(v) _mm512_set1_epi8(v)
+#define ti_set1_32(v) _mm512_set1_epi32(v)
+#define ti_zero() _mm512_setzero_si512()
+#define ti_dot(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define tv_zero() _mm512_setzero_ps()
+#define tv_load(p) _mm512_loadu_ps(p)
+#define tv_store(p, a) _mm512_storeu_ps(p, a)
+#define tv_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define tv_mul(a, b) _mm512_mul_ps(a, b)
+#define tv_add(a, b) _mm512_add_ps(a, b)
+#define tv_set1(s) _mm512_set1_ps(s)
+#define tv_float(i) _mm512_cvtepi32_ps(i)
+#elif INT8_PATH > 0
+#define TVEC __m256
+#define TINT __m256i
+#define ti_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define ti_and(a, b) _mm256_and_si256(a, b)
+#define ti_add(a, b) _mm256_add_epi32(a, b)
+#define ti_srli16(a, n) _mm256_srli_epi16(a, n)
+#define ti_set1_8(v) _mm256_set1_epi8(v)
+#define ti_set1_32(v) _mm256_set1_epi32(v)
+#define ti_zero() _mm256_setzero_si256()
+#define ti_dot(acc, u, s) _mm256_add_epi32(acc, dot_u8_i8(u, s))
+#define tv_zero() _mm256_setzero_ps()
+#define tv_load(p) _mm256_loadu_ps(p)
+#define tv_store(p, a) _mm256_storeu_ps(p, a)
+#define tv_fmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define tv_mul(a, b) _mm256_mul_ps(a, b)
+#define tv_add(a, b) _mm256_add_ps(a, b)
+#define tv_set1(s) _mm256_set1_ps(s)
+#define tv_float(i) _mm256_cvtepi32_ps(i)
+#endif
+
+#if INT8_PATH > 0
+static inline int32_t four(const int8_t *q) { /* 4 bytes of x, as one int32 to broadcast */
+    int32_t v;
+    memcpy(&v, q, 4);
+    return v;
+}
+
+/* A 4-bit tile's chunks against one row's int8 block qb: the TILE rows' dot products. */
+static inline TINT tile_dot_q4(const uint8_t *chunks, const int8_t *qb) {
+    const TINT low = ti_set1_8(15);
+    TINT acc[4];
+    for (int c = 0; c < 4; c++) {
+        const TINT v = ti_load(chunks + c * 4 * TILE);
+        acc[c] = ti_dot(ti_zero(), ti_and(v, low), ti_set1_32(four(qb + 8 * c)));
+        acc[c] = ti_dot(acc[c], ti_and(ti_srli16(v, 4), low), ti_set1_32(four(qb + 8 * c + 4)));
+    }
+    return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
+}
+
+/* A Q8_0 tile's chunks against qb: with VNNI the stored q + 128 as the unsigned side; with
+ * AVX2 |q| against x with q's sign. */
+static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
+    TINT acc[4];
+    for (int c = 0; c < 4; c++) {
+        TINT sum = ti_zero();
+        for (int h = 0; h < 2; h++) {
+            const int k = 2 * c + h;
+            const TINT v = ti_load(chunks + k * 4 * TILE), x4 = ti_set1_32(four(qb + 4 * k));
+#if Q8_OFFSET
+            sum = ti_dot(sum, v, x4);
+#else
+            sum = ti_dot(sum, _mm256_sign_epi8(v, v), _mm256_sign_epi8(x4, v));
+#endif
+        }
+        acc[c] = sum;
+    }
+    return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
+}
+
+/* y (rows, N) = or += the tiles' product with the int8 rows qx, inside a parallel region:
+ * each tile's share is d dx (q . qx) + m xs, TILE rows at once. */
+#define TILE_MATMUL(NAME, DOT, BYTES)                                                          \
+    static void NAME(const uint8_t *T, const int8_t *qx, const float *dx, const float *xs,     \
+                     float *y, int rows, int N, int K, int add) {                              \
+        const int nb = K / QK;                                                                 \
+        _Pragma("omp for schedule(static)")                                                    \
+        for (int t = 0; t < N / TILE; t++) {                                                   \
+            TVEC acc[MAX_ROWS];                                                                \
+            for (int r = 0; r < rows; r++) acc[r] = tv_zero();                                 \
+            for (int b = 0; b < nb; b++) {                                                     \
+                const uint8_t *tile = T + ((size_t)t * nb + b) * (BYTES);                      \
+                const TVEC d = tv_load((const float *)tile);                                   \
+                const TVEC m = tv_load((const float *)tile + TILE);                            \
+                for (int r = 0; r < rows; r++) {                                               \
+                    const size_t at = (size_t)r * nb + b;                                      \
+                    const TVEC dot = tv_float(DOT(tile + 8 * TILE, qx + at * QK));             \
+                    acc[r] = tv_fmadd(dot, tv_mul(d, tv_set1(dx[at])), acc[r]);                \
+                    acc[r] = tv_fmadd(m, tv_set1(xs[at]), acc[r]);                             \
+                }                                                                              \
+            }                                                                                  \
+            for (int r = 0; r < rows; r++) {                                                   \
+                float *out = y + (size_t)r * N + (size_t)t * TILE;                             \
+                tv_store(out, add ? tv_add(tv_load(out), acc[r]) : acc[r]);                    \
+            }                                                                                  \
+        }                                                                                      \
+    }
+TILE_MATMUL(tile_matmul_q4, tile_dot_q4, TILE_Q4)
+TILE_MATMUL(tile_matmul_q8, tile_dot_q8, TILE_Q8)
+
+#else /* plain C */
+
+/* Weight 0 <= k < 32 of row i in a tile's chunks, as the integer the product uses. */
+static inline int tile_weight(const uint8_t *chunks, int q8, int i, int k) {
+    if (q8) return (int8_t)chunks[((k / 4) * TILE + i) * 4 + k % 4];
+    const uint8_t byte = chunks[((k / 8) * TILE + i) * 4 + k % 4];
+    return k % 8 < 4 ? byte & 15 : byte >> 4;
+}
+
+static void tile_matmul_c(int q8, const uint8_t *T, const int8_t *qx, const float *dx,
+                          const float *xs, float *y, int rows, int N, int K, int add) {
+    const int nb = K / QK, bytes = q8 ? TILE_Q8 : TILE_Q4;
+#pragma omp for schedule(static)
+    for (int t = 0; t < N / TILE; t++) {
+        float total[MAX_ROWS][TILE] = {{0}};
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *tile = T + ((size_t)t * nb + b) * bytes;
+            const float *d = (const float *)tile, *m = d + TILE;
+            for (int r = 0; r < rows; r++) {
+                const size_t at = (size_t)r * nb + b;
+                for (int i = 0; i < TILE; i++) {
+                    int dot = 0;
+                    for (int k = 0; k < QK; k++)
+                        dot += tile_weight(tile + 8 * TILE, q8, i, k) * qx[at * QK + k];
+                    total[r][i] += d[i] * dx[at] * (float)dot + m[i] * xs[at];
+                }
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < TILE; i++) {
+                float *out = y + (size_t)r * N + (size_t)t * TILE + i;
+                *out = add ? *out + total[r][i] : total[r][i];
+            }
+    }
+}
+#define tile_matmul_q4(...) tile_matmul_c(0, __VA_ARGS__)
+#define tile_matmul_q8(...) tile_matmul_c(1, __VA_ARGS__)
+#endif
+
+/* The tiles' product (kind 4: 4-bit tiles, 5: Q8_0 tiles), inside a parallel region. */
+static void tile_matmul(int kind, const uint8_t *T, const int8_t *qx, const float *dx,
+                        const float *xs, float *y, int rows, int N, int K, int add) {
+    if (kind == 5) tile_matmul_q8(T, qx, dx, xs, y, rows, N, K, add);
+    else tile_matmul_q4(T, qx, dx, xs, y, rows, N, K, add);
+}
+
+/* packed_matmul_int8 for tiles (packed_tile's output; kind 4 for a 4-bit kind's, 5 for
+ * Q8_0's): the same arguments and returns. */
+int packed_matmul_tiles(int kind, const uint8_t *T, const float *x, float *y, int rows, int N,
+                        int K, int threads) {
+    if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || kind < 4 ||
+        kind > 5)
+        return -1;
+    const size_t nb = (size_t)rows * (K / QK);
+    int8_t *qx = malloc((size_t)rows * K + sizeof(float) * 2 * nb);
+    if (qx == NULL) return -2;
+    float *dx = (float *)(qx + (size_t)rows * K), *xs = dx + nb;
+    quantize_rows(x, qx, dx, xs, rows, K);
+#pragma omp parallel num_threads(threads)
+    tile_matmul(kind, T, qx, dx, xs, y, rows, N, K, 0);
+    free(qx);
+    return 0;
+}
+
 /* sums[r * nb + b] = the sum of x's block b in row r (for the minimum m). */
 static void block_sums(const float *x, float *sums, int rows, int K) {
     const int nb = K / QK;
@@ -611,7 +853,8 @@ static void rope(const float *x, float *out, int d, const float *cos_sin) {
     } while (0)
 #define PRODUCT(I, X, Y, N_, K_, ADD)                                                          \
     do {                                                                                       \
-        if (integer) int_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
+        if (L->kind[I] >= 4) tile_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
+        else if (integer) int_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
         else matmul(L->kind[I], L->weight[I], X, sums, Y, rows, N_, K_, ADD);                 \
     } while (0)
 
@@ -623,8 +866,10 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
     if (rows < 1 || rows > MAX_ROWS || D % QK || F % QK || D != H * dh || dh % 2 || threads < 1 ||
         H % Hkv || length < 0 || length >= max_len)
         return -1;
-    for (int i = 0; i < 5; i++)
-        if (L->kind[i] < 0 || L->kind[i] > 3) return -1;
+    for (int i = 0; i < 5; i++) /* kinds 4 and 5: tiles, read on the integer path only */
+        if (L->kind[i] < 0 || L->kind[i] > 5 || (L->kind[i] >= 4 && !L->integer)) return -1;
+    for (int i = 0; i < 5; i++) /* tiles are whole */
+        if (L->kind[i] >= 4 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
     const int widest = D > F ? D : F; /* the longest row whose block sums are kept */
     /* floats per row, then (integer path) the row's int8 values and block scales */
     const size_t per_row = (size_t)2 * D + Nqkv + 2 * F + (size_t)H * M + 2 * (widest / QK) + dh;

@@ -30,7 +30,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnkit.accel.packed import _KIND_CODES, MAX_ROWS, LlamaLayer, PackedLinear, packed_kernel
+from attnkit.accel.packed import (
+    _KIND_CODES,
+    MAX_ROWS,
+    TILE_CODES,
+    LlamaLayer,
+    PackedLinear,
+    packed_kernel,
+)
 from attnkit.accel.switch import Switch
 from attnkit.caches import KVCache
 from attnkit.layers import DecoderLayer
@@ -111,10 +118,20 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
         norm1=norm1,
         norm2=norm2,
         inv_freq=inv_freq,
-        kind=(ctypes.c_int * 5)(*[_KIND_CODES[p.kind] for p in products]),
-        weight=(ctypes.c_void_p * 5)(*[p.blocks.data_ptr() for p in products]),
+        kind=(ctypes.c_int * 5)(*[_code(p) for p in products]),
+        weight=(ctypes.c_void_p * 5)(*[_weights(p).data_ptr() for p in products]),
         integer=int(products[0].integer),
     )
+
+
+def _weights(product: PackedLinear) -> Tensor:
+    """What the C step reads of a packed product: its tiles on the integer path, else its
+    blocks."""
+    return product.blocks if product.tiles is None else product.tiles
+
+
+def _code(product: PackedLinear) -> int:
+    return _KIND_CODES[product.kind] if product.tiles is None else TILE_CODES[product.kind]
 
 
 class PackedDecoder:
@@ -142,7 +159,7 @@ class PackedDecoder:
         # The C descriptions hold raw addresses: keep the tensors behind them alive, so that a
         # weight replaced on the model later leaves this decoder with the old values, never
         # with freed memory.
-        self._held = floats + [p.blocks for block in blocks for p in _products(block)]
+        self._held = floats + [_weights(p) for block in blocks for p in _products(block)]
 
     def accepts(self, tokens: Tensor, cache) -> bool:
         """Whether :meth:`step` runs this call in C (else it falls back)."""

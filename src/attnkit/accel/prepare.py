@@ -33,6 +33,7 @@ from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their swi
 from attnkit.accel.attention import tiles_available, use_attention_kernel
 from attnkit.accel.decoding import lay_out_for_decoding
 from attnkit.accel.lm_loss import fuse_lm_loss
+from attnkit.accel.measured import machine_key, remembered
 from attnkit.accel.onednn import (
     describe_choice,
     onednn_choice,
@@ -143,9 +144,11 @@ def _integer_lever(model: nn.Module | None) -> Lever:
     if forced == "1":
         return Lever("int8-products", True, f"{path}; {_INT8}=1")
     layer = max(packed, key=lambda m: m.blocks.numel())
-    times = time_paths(layer)
+    shape = f"{layer.kind} {layer.out_features} x {layer.in_features}"
+    key = f"{machine_key()}, {native.variant()} kernels, {shape}"
+    times = remembered("int8", key, lambda: time_paths(layer))  # every process agrees
     faster = times["int8"] < 0.97 * times["float32"]
-    ms = {name: f"{t * 1e3:.3f} ms" for name, t in times.items()}
+    ms = {name: f"{times[name] * 1e3:.3f} ms" for name in ("int8", "float32")}
     why = f"{path}; one row x {layer.out_features}: int8 {ms['int8']}, float32 {ms['float32']}"
     return Lever("int8-products", faster, why)
 
@@ -180,7 +183,8 @@ def prepare(model: nn.Module, job: str) -> Prepared:
     its linear layers oneDNN's products where they measured faster (module swaps, in place),
     and its attention layers choose the C kernel for their fused path.
     For decoding, packed products take the integer path where it measured faster on the
-    model's largest packed layer (``ATTNKIT_INT8=0`` or ``1`` forces a path), the linear weights
+    model's largest packed layer (measured once per machine and layer shape, and kept:
+    :mod:`attnkit.accel.measured`; ``ATTNKIT_INT8=0`` or ``1`` forces a path), the linear weights
     are laid out for one-row products once, in place (so that ``generate`` need not do it per
     call), and the packed C step is reported as it will run for this model (``generate`` builds
     it per call).
