@@ -523,15 +523,19 @@ int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int
  * Tiles: the blocks repacked for the integer path, TILE rows at a time, so that one integer
  * instruction serves TILE rows at once and no block needs a horizontal sum (the layout that
  * llama.cpp's AMX/VNNI backend and its "repacked" CPU types use). Tile (t, b) holds rows
- * t * TILE .. + TILE - 1 of block column b: float32 d[TILE] and m[TILE] (w = d q + m), then
+ * t * TILE .. + TILE - 1 of block column b, in as many bytes as the blocks it replaces:
  *
- *   4-bit kinds (Q4_0, Q4_1, Q4_K; m = -8 d for Q4_0), 24 * TILE bytes: 4 chunks of TILE x 4
- *   bytes; chunk c, row i, byte j holds weight 8c + j in its low nibble and 8c + 4 + j in its
- *   high one. Its low nibbles meet x's bytes 8c .. 8c + 3 (broadcast to every row's lane),
- *   its high nibbles bytes 8c + 4 .. 8c + 7.
- *   Q8_0, 40 * TILE bytes: 8 chunks of TILE x 4 bytes; chunk c, row i, byte j holds weight
- *   4c + j. With VNNI (unsigned x signed bytes) they are stored as q + 128 and m = -128 d; with
- *   AVX2 as q, and the product takes |q| against x with q's sign (m = 0).
+ *   code  from   scales (w = d q + m)                          then
+ *   4     Q8_0   float16 d[TILE]; m = -128 d (VNNI) or 0       8 chunks of TILE x 4 bytes
+ *   5     Q4_0   float16 d[TILE]; m = -8 d                     4 chunks of TILE x 4 bytes
+ *   6     Q4_1   float16 d[TILE], float16 m[TILE]              4 chunks
+ *   7     Q4_K   float32 d[TILE], float32 m[TILE] (repacked)   4 chunks
+ *
+ * 4-bit chunk c, row i, byte j holds weight 8c + j in its low nibble and 8c + 4 + j in its high
+ * one: its low nibbles meet x's bytes 8c .. 8c + 3 (broadcast to every row's lane), its high
+ * nibbles bytes 8c + 4 .. 8c + 7. Q8_0 chunk c, row i, byte j holds weight 4c + j: with VNNI
+ * (unsigned x signed bytes) as q + 128, the offset taken back by m; with AVX2 as q, and the
+ * product takes |q| against x with q's sign.
  *
  * TILE is 16 with AVX-512 VNNI (a 512-bit register: 16 rows x 4 bytes), 8 elsewhere.
  * ------------------------------------------------------------------------------------------ */
@@ -540,35 +544,34 @@ int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int
 #else
 #define TILE 8
 #endif
-#define TILE_Q4 (24 * TILE) /* bytes of a 4-bit tile */
-#define TILE_Q8 (40 * TILE) /* bytes of a Q8_0 tile */
 #define Q8_OFFSET (INT8_PATH >= 2) /* Q8_0 tiles hold q + 128 (VNNI) */
+static const int tile_head[4] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE}; /* scale bytes */
+static const int tile_bytes[4] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE};
 
 /* Rows per tile in this build (16 or 8). */
 int packed_tile_rows(void) { return TILE; }
 
 /* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1 or 3 Q4_K repacked) -> tiles, out:
- * N / TILE * K / 32 tiles. Returns 0, or -1 for arguments it cannot take. */
+ * N / TILE * K / 32 tiles of tile_bytes[kind] (code 4 + kind). Returns 0, or -1 for arguments
+ * it cannot take. */
 int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
     if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 3) return -1;
     static const int bytes[4] = {34, 18, 20, 24}, at[4] = {2, 2, 4, 8};
-    const int nb = K / QK, tile_bytes = kind == 0 ? TILE_Q8 : TILE_Q4;
+    const int nb = K / QK;
     for (int t = 0; t < N / TILE; t++)
         for (int b = 0; b < nb; b++) {
-            uint8_t *tile = out + ((size_t)t * nb + b) * tile_bytes;
-            float *d = (float *)tile, *m = d + TILE;
-            uint8_t *chunks = tile + 8 * TILE;
+            uint8_t *tile = out + ((size_t)t * nb + b) * tile_bytes[kind];
+            uint8_t *chunks = tile + tile_head[kind];
             for (int i = 0; i < TILE; i++) {
                 const uint8_t *block = W + ((size_t)(t * TILE + i) * nb + b) * bytes[kind];
                 if (kind == 3) {
-                    memcpy(d + i, block, 4);
-                    memcpy(m + i, block + 4, 4);
+                    memcpy(tile + 4 * i, block, 4);
+                    memcpy(tile + 4 * (TILE + i), block + 4, 4);
                 } else {
-                    d[i] = half_to_float(block);
-                    m[i] = kind == 1 ? -8.0f * d[i] : kind == 2 ? half_to_float(block + 2) : 0.0f;
+                    memcpy(tile + 2 * i, block, 2);
+                    if (kind == 2) memcpy(tile + 2 * (TILE + i), block + 2, 2);
                 }
                 if (kind == 0) {
-                    if (Q8_OFFSET) m[i] = -128.0f * d[i];
                     for (int c = 0; c < 8; c++)
                         for (int j = 0; j < 4; j++)
                             chunks[(c * TILE + i) * 4 + j] =
@@ -601,6 +604,7 @@ int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
 #define ti_dot(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
 #define tv_zero() _mm512_setzero_ps()
 #define tv_load(p) _mm512_loadu_ps(p)
+#define tv_half(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define tv_store(p, a) _mm512_storeu_ps(p, a)
 #define tv_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define tv_mul(a, b) _mm512_mul_ps(a, b)
@@ -620,6 +624,7 @@ int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
 #define ti_dot(acc, u, s) _mm256_add_epi32(acc, dot_u8_i8(u, s))
 #define tv_zero() _mm256_setzero_ps()
 #define tv_load(p) _mm256_loadu_ps(p)
+#define tv_half(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define tv_store(p, a) _mm256_storeu_ps(p, a)
 #define tv_fmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define tv_mul(a, b) _mm256_mul_ps(a, b)
@@ -647,8 +652,7 @@ static inline TINT tile_dot_q4(const uint8_t *chunks, const int8_t *qb) {
     return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
 }
 
-/* A Q8_0 tile's chunks against qb: with VNNI the stored q + 128 as the unsigned side; with
- * AVX2 |q| against x with q's sign. */
+/* A Q8_0 tile's chunks against qb. */
 static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
     TINT acc[4];
     for (int c = 0; c < 4; c++) {
@@ -667,23 +671,38 @@ static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
     return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
 }
 
+/* A tile's scales d and minimums m, TILE of each, by its code. */
+#define SCALES_Q8(tile, d, m)                                                                  \
+    d = tv_half(tile);                                                                         \
+    m = Q8_OFFSET ? tv_mul(d, tv_set1(-128.0f)) : tv_zero();
+#define SCALES_Q4_0(tile, d, m)                                                                \
+    d = tv_half(tile);                                                                         \
+    m = tv_mul(d, tv_set1(-8.0f));
+#define SCALES_Q4_1(tile, d, m)                                                                \
+    d = tv_half(tile);                                                                         \
+    m = tv_half((tile) + 2 * TILE);
+#define SCALES_Q4_K(tile, d, m)                                                                \
+    d = tv_load((const float *)(tile));                                                        \
+    m = tv_load((const float *)(tile) + TILE);
+
 /* y (rows, N) = or += the tiles' product with the int8 rows qx, inside a parallel region:
  * each tile's share is d dx (q . qx) + m xs, TILE rows at once. */
-#define TILE_MATMUL(NAME, DOT, BYTES)                                                          \
+#define TILE_MATMUL(NAME, SCALES, DOT, KIND)                                                   \
     static void NAME(const uint8_t *T, const int8_t *qx, const float *dx, const float *xs,     \
                      float *y, int rows, int N, int K, int add) {                              \
         const int nb = K / QK;                                                                 \
+        const size_t bytes = tile_bytes[KIND], head = tile_head[KIND];                         \
         _Pragma("omp for schedule(static)")                                                    \
         for (int t = 0; t < N / TILE; t++) {                                                   \
             TVEC acc[MAX_ROWS];                                                                \
             for (int r = 0; r < rows; r++) acc[r] = tv_zero();                                 \
             for (int b = 0; b < nb; b++) {                                                     \
-                const uint8_t *tile = T + ((size_t)t * nb + b) * (BYTES);                      \
-                const TVEC d = tv_load((const float *)tile);                                   \
-                const TVEC m = tv_load((const float *)tile + TILE);                            \
+                const uint8_t *tile = T + ((size_t)t * nb + b) * bytes;                        \
+                TVEC d, m;                                                                     \
+                SCALES(tile, d, m)                                                             \
                 for (int r = 0; r < rows; r++) {                                               \
                     const size_t at = (size_t)r * nb + b;                                      \
-                    const TVEC dot = tv_float(DOT(tile + 8 * TILE, qx + at * QK));             \
+                    const TVEC dot = tv_float(DOT(tile + head, qx + at * QK));                 \
                     acc[r] = tv_fmadd(dot, tv_mul(d, tv_set1(dx[at])), acc[r]);                \
                     acc[r] = tv_fmadd(m, tv_set1(xs[at]), acc[r]);                             \
                 }                                                                              \
@@ -694,8 +713,19 @@ static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
             }                                                                                  \
         }                                                                                      \
     }
-TILE_MATMUL(tile_matmul_q4, tile_dot_q4, TILE_Q4)
-TILE_MATMUL(tile_matmul_q8, tile_dot_q8, TILE_Q8)
+TILE_MATMUL(tile_matmul_q8_0, SCALES_Q8, tile_dot_q8, 0)
+TILE_MATMUL(tile_matmul_q4_0, SCALES_Q4_0, tile_dot_q4, 1)
+TILE_MATMUL(tile_matmul_q4_1, SCALES_Q4_1, tile_dot_q4, 2)
+TILE_MATMUL(tile_matmul_q4_k, SCALES_Q4_K, tile_dot_q4, 3)
+
+/* The tiles' product (code 4 + kind), inside a parallel region. */
+static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const float *dx,
+                        const float *xs, float *y, int rows, int N, int K, int add) {
+    if (code == 4) tile_matmul_q8_0(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 5) tile_matmul_q4_0(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 6) tile_matmul_q4_1(T, qx, dx, xs, y, rows, N, K, add);
+    else tile_matmul_q4_k(T, qx, dx, xs, y, rows, N, K, add);
+}
 
 #else /* plain C */
 
@@ -706,22 +736,35 @@ static inline int tile_weight(const uint8_t *chunks, int q8, int i, int k) {
     return k % 8 < 4 ? byte & 15 : byte >> 4;
 }
 
-static void tile_matmul_c(int q8, const uint8_t *T, const int8_t *qx, const float *dx,
-                          const float *xs, float *y, int rows, int N, int K, int add) {
-    const int nb = K / QK, bytes = q8 ? TILE_Q8 : TILE_Q4;
+/* Row i's scale d and minimum m in a tile of `kind`. */
+static inline void tile_scales(const uint8_t *tile, int kind, int i, float *d, float *m) {
+    if (kind == 3) {
+        memcpy(d, tile + 4 * i, 4);
+        memcpy(m, tile + 4 * (TILE + i), 4);
+        return;
+    }
+    *d = half_to_float(tile + 2 * i);
+    *m = kind == 1 ? -8.0f * *d : kind == 2 ? half_to_float(tile + 2 * (TILE + i)) : 0.0f;
+}
+
+static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const float *dx,
+                        const float *xs, float *y, int rows, int N, int K, int add) {
+    const int nb = K / QK, kind = code - 4;
 #pragma omp for schedule(static)
     for (int t = 0; t < N / TILE; t++) {
         float total[MAX_ROWS][TILE] = {{0}};
         for (int b = 0; b < nb; b++) {
-            const uint8_t *tile = T + ((size_t)t * nb + b) * bytes;
-            const float *d = (const float *)tile, *m = d + TILE;
-            for (int r = 0; r < rows; r++) {
-                const size_t at = (size_t)r * nb + b;
-                for (int i = 0; i < TILE; i++) {
+            const uint8_t *tile = T + ((size_t)t * nb + b) * tile_bytes[kind];
+            for (int i = 0; i < TILE; i++) {
+                float d, m;
+                tile_scales(tile, kind, i, &d, &m);
+                for (int r = 0; r < rows; r++) {
+                    const size_t at = (size_t)r * nb + b;
                     int dot = 0;
                     for (int k = 0; k < QK; k++)
-                        dot += tile_weight(tile + 8 * TILE, q8, i, k) * qx[at * QK + k];
-                    total[r][i] += d[i] * dx[at] * (float)dot + m[i] * xs[at];
+                        dot += tile_weight(tile + tile_head[kind], kind == 0, i, k) *
+                               qx[at * QK + k];
+                    total[r][i] += d * dx[at] * (float)dot + m * xs[at];
                 }
             }
         }
@@ -732,23 +775,14 @@ static void tile_matmul_c(int q8, const uint8_t *T, const int8_t *qx, const floa
             }
     }
 }
-#define tile_matmul_q4(...) tile_matmul_c(0, __VA_ARGS__)
-#define tile_matmul_q8(...) tile_matmul_c(1, __VA_ARGS__)
 #endif
 
-/* The tiles' product (kind 4: 4-bit tiles, 5: Q8_0 tiles), inside a parallel region. */
-static void tile_matmul(int kind, const uint8_t *T, const int8_t *qx, const float *dx,
-                        const float *xs, float *y, int rows, int N, int K, int add) {
-    if (kind == 5) tile_matmul_q8(T, qx, dx, xs, y, rows, N, K, add);
-    else tile_matmul_q4(T, qx, dx, xs, y, rows, N, K, add);
-}
-
-/* packed_matmul_int8 for tiles (packed_tile's output; kind 4 for a 4-bit kind's, 5 for
- * Q8_0's): the same arguments and returns. */
-int packed_matmul_tiles(int kind, const uint8_t *T, const float *x, float *y, int rows, int N,
+/* packed_matmul_int8 for tiles (packed_tile's output, code 4 + the blocks' kind): the same
+ * arguments and returns. */
+int packed_matmul_tiles(int code, const uint8_t *T, const float *x, float *y, int rows, int N,
                         int K, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || kind < 4 ||
-        kind > 5)
+    if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || code < 4 ||
+        code > 7)
         return -1;
     const size_t nb = (size_t)rows * (K / QK);
     int8_t *qx = malloc((size_t)rows * K + sizeof(float) * 2 * nb);
@@ -756,7 +790,7 @@ int packed_matmul_tiles(int kind, const uint8_t *T, const float *x, float *y, in
     float *dx = (float *)(qx + (size_t)rows * K), *xs = dx + nb;
     quantize_rows(x, qx, dx, xs, rows, K);
 #pragma omp parallel num_threads(threads)
-    tile_matmul(kind, T, qx, dx, xs, y, rows, N, K, 0);
+    tile_matmul(code, T, qx, dx, xs, y, rows, N, K, 0);
     free(qx);
     return 0;
 }
@@ -866,8 +900,8 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
     if (rows < 1 || rows > MAX_ROWS || D % QK || F % QK || D != H * dh || dh % 2 || threads < 1 ||
         H % Hkv || length < 0 || length >= max_len)
         return -1;
-    for (int i = 0; i < 5; i++) /* kinds 4 and 5: tiles, read on the integer path only */
-        if (L->kind[i] < 0 || L->kind[i] > 5 || (L->kind[i] >= 4 && !L->integer)) return -1;
+    for (int i = 0; i < 5; i++) /* kinds 4-7: tiles, read on the integer path only */
+        if (L->kind[i] < 0 || L->kind[i] > 7 || (L->kind[i] >= 4 && !L->integer)) return -1;
     for (int i = 0; i < 5; i++) /* tiles are whole */
         if (L->kind[i] >= 4 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
     const int widest = D > F ? D : F; /* the longest row whose block sums are kept */

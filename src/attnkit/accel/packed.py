@@ -61,8 +61,8 @@ __all__ = [
 
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24}  # bytes per block of 32 weights
 _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
-TILE_CODES = {"Q8_0": 5, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4}  # packed_tile's output of each kind
-TILE_BYTES = {"Q8_0": 40, "Q4_0": 24, "Q4_1": 24, "Q4_K": 24}  # per row of 32 weights
+TILE_CODES = {"Q8_0": 4, "Q4_0": 5, "Q4_1": 6, "Q4_K": 7}  # packed_tile's output of each kind
+TILE_BYTES = BLOCK_BYTES  # per row of 32 weights: as many as the blocks
 Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
@@ -322,7 +322,7 @@ def _packed_product(
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
     library = packed_kernel()
-    if kind in (4, 5):  # tiles
+    if kind >= 4:  # tiles
         kernel = library.packed_matmul_tiles
     else:
         kernel = library.packed_matmul_int8 if integer else library.packed_matmul
