@@ -1,5 +1,7 @@
-"""Perplexity of SmolLM2 (Q4_1 GGUF) on the same windows of the same tokens: attnkit's packed
-path, attnkit in float32 (every weight dequantized), and llama.cpp (llama-cpp-python's logits).
+"""Perplexity of SmolLM2 (Q4_1 GGUF) on the same windows of the same tokens: attnkit in float32
+(every weight dequantized; the packed weights' float32 path gives the same), attnkit's integer
+path (packed weights, activations quantized to 8 bits: ``use_integer_products``), and
+llama.cpp (llama-cpp-python's logits, its own integer path).
 
 The text is the validation split of the shipped Shakespeare corpus, tokenized once by attnkit;
 llama.cpp evaluates exactly those token ids. Each path scores the second half of consecutive
@@ -68,8 +70,11 @@ def main() -> None:
     ids = tokenizer.encode(load_shakespeare().validation, add_special_tokens=False)
     figures = {"tokens in the text": len(ids), "ctx": args.ctx, "windows": args.windows}
     rows = []
-    for name, dequantize in (("attnkit packed (Q4_1 blocks)", False), ("attnkit float32", True)):
+    from attnkit.accel import use_integer_products
+
+    for name, dequantize in (("attnkit float32", True), ("attnkit int8 (integer path)", False)):
         model = ak.from_pretrained("smollm2", dequantize=dequantize).eval()
+        use_integer_products(model, not dequantize)
         start = time.perf_counter()
         result = perplexity(model, ids, context=args.ctx, windows=args.windows)
         rows.append((name, result.value, result.error, time.perf_counter() - start))
@@ -84,8 +89,8 @@ def main() -> None:
         print(f"{name:<38}{value:>12.4f}{error:>9.4f}{seconds:>10.1f}")
         figures[f"perplexity {name}"] = value
         figures[f"seconds {name}"] = seconds
-    base = rows[1][1]
-    for name, value, _, _ in (rows[0], rows[2]):
+    base = rows[0][1]
+    for name, value, _, _ in (rows[1], rows[2]):
         print(f"  {name}: {100 * (value / base - 1):+.3f}% against float32")
     print(f"wrote {save_results('perplexity', figures)}")
 

@@ -65,7 +65,27 @@ def test_the_perplexity_command(tmp_path, capsys):
         ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--ctx", "128"], "--ctx=128 is longer"),
         ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--windows", "0"], "--windows"),
         ([str(tmp_path / "nothing"), str(tmp_path / "t.txt")], "MODEL"),
+        ([str(tmp_path / "m"), str(tmp_path / "t.txt"), "--int8"], "--int8: needs packed"),
     ]:
         assert main(["perplexity", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.needs("smollm2")
+def test_the_integer_path_costs_little_perplexity(capsys):
+    """SmolLM2's packed weights: float32 activations (the default) and 8-bit ones (--int8) on
+    the same two windows of Shakespeare; the packed default is the float32 perplexity, and the
+    integer path stays within 1% of it (llama.cpp's own integer path: bench/perplexity.py)."""
+    values = {}
+    for option in ([], ["--dequantize"], ["--int8"]):
+        argv = ["perplexity", "smollm2", "shakespeare", "--windows", "2", "--ctx", "512"]
+        assert main([*argv, *option]) == 0
+        out = capsys.readouterr().out
+        assert ("int8 activations" in out) == (option == ["--int8"])
+        values[tuple(option)] = float(out.split("perplexity ")[1].split()[0])
+    exact = values[("--dequantize",)]
+    print(f"\nperplexity: float32 {exact:.4f}, int8 {values[('--int8',)]:.4f}")
+    assert values[()] == pytest.approx(exact, rel=1e-4)
+    assert values[("--int8",)] != values[()]
+    assert values[("--int8",)] == pytest.approx(exact, rel=0.01)

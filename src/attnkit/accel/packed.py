@@ -173,9 +173,10 @@ class PackedLinear(nn.Module):
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
     model's state); ``bias`` (out_features,) float32, optional. Up to ``PROMPT_ROWS`` rows
-    without a gradient go through the packed kernel, with float32 activations or, with
-    ``integer`` True, int8 ones (the integer path); anything else through a GEMM on the
-    dequantized weight.
+    without a gradient go through the packed kernel, with float32 activations, and anything
+    else through a GEMM on the dequantized weight; with ``integer`` True, int8 activations
+    through tiles, any number of rows (``MAX_ROWS`` at a time: a row's result does not depend
+    on how a prompt was split, as with llama.cpp's integer path).
     """
 
     @property
@@ -238,11 +239,12 @@ class PackedLinear(nn.Module):
             usable, product = _operator is not None, _operator
         else:
             usable, product = packed_kernel() is not None, _packed_product
+        tiled = self.tiles is not None  # the integer path takes every row: one arithmetic
         if (
             not usable
             or x.device.type != "cpu"
             or (x.requires_grad and torch.is_grad_enabled())
-            or x.numel() > PROMPT_ROWS * self.in_features
+            or (x.numel() > PROMPT_ROWS * self.in_features and not tiled)
         ):
             y = self._dequantized_product(x)  # a prompt: a GEMM beats the kernel
         elif self.tiles is not None:

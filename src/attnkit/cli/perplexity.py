@@ -29,12 +29,14 @@ def register(commands) -> None:
             "windows of --ctx (each starting with BOS), the second half of each window scored, "
             "PPL = exp(mean negative log-likelihood) +/- its standard error. TEXT is a UTF-8 "
             "file, or 'shakespeare' for the validation split of the shipped Shakespeare corpus. "
-            "Compare the float32 path (--dequantize) with the packed one, or with llama.cpp."
+            "Compare the float32 path (--dequantize), the packed one with float32 activations "
+            "(the default) and with 8-bit ones (--int8, as llama.cpp), or with llama.cpp."
         ),
         epilog=(
             "examples:\n"
             "  attnkit perplexity smollm2 shakespeare --windows 8\n"
             "  attnkit perplexity smollm2 shakespeare --windows 8 --dequantize\n"
+            "  attnkit perplexity smollm2 shakespeare --windows 8 --int8\n"
             "  attnkit perplexity model.gguf book.txt --ctx 1024"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -46,6 +48,12 @@ def register(commands) -> None:
         "--windows", type=int, help="score only the first N windows (default: all of the text)"
     )
     add_dequantize_option(parser)
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="packed weights: the integer path (activations quantized to 8 bits per block of "
+        "32, integer dot products)",
+    )
     add_device_option(parser, "run the model")
     parser.set_defaults(handler=run)
 
@@ -82,11 +90,17 @@ def run(args: argparse.Namespace) -> None:
     text, source = read_text(args.text)
     if not text.strip():
         raise UsageError(f"TEXT: {source} is empty")
-    model = load_model(args.model, "MODEL", dequantize=args.dequantize or None).eval()
+    model = load_model(args.model, "MODEL", dequantize=args.dequantize).eval()
     if not isinstance(model, DecoderLM):
         raise UsageError(
             f"MODEL: perplexity needs a decoder-only language model, got a {type(model).__name__}"
         )
+    if args.int8:
+        from attnkit.accel import PackedLinear, use_integer_products
+
+        if args.dequantize or not any(isinstance(m, PackedLinear) for m in model.modules()):
+            raise UsageError("--int8: needs packed weights (a GGUF model without --dequantize)")
+        use_integer_products(model, True)
     tokenizer = load_tokenizer(args.model, "MODEL")
     if tokenizer is None:
         raise UsageError(f"MODEL: {args.model} has no tokenizer")
@@ -96,7 +110,8 @@ def run(args: argparse.Namespace) -> None:
     except TypeError:  # attnkit's own tokenizers add nothing
         ids = tokenizer.encode(text)
     where = device_description(device)
-    print(f"model: {args.model} ({where}); text: {source}, {len(ids):,} tokens")
+    path = ", int8 activations" if args.int8 else ""
+    print(f"model: {args.model} ({where}{path}); text: {source}, {len(ids):,} tokens")
     if args.ctx > model.cfg.max_len:
         limit = model.cfg.max_len
         raise UsageError(f"--ctx={args.ctx} is longer than the model's {limit} positions")
