@@ -1,5 +1,6 @@
-"""SmolLM2-135M-Instruct from its GGUF file: attnkit with the weights kept in their blocks
-(``from_pretrained(path, dequantize=False)``) against attnkit with every weight in float32,
+"""SmolLM2-135M-Instruct (Q4_1) or Gemma 3 270M (Q4_K_M) from its GGUF file: attnkit with the
+weights kept in their blocks (``from_pretrained(path, dequantize=False)``), on the float32 path
+and on the integer one (``use_integer_products``), against attnkit with every weight in float32,
 Hugging Face ``transformers`` reading the same file (``gguf_file=``, every weight dequantized;
 its decode time is a whole ``generate`` call less its first token), and llama.cpp
 (``llama-cpp-python``) when it is installed.
@@ -22,7 +23,7 @@ favours neither), and the table gives each figure's median over the rounds
 (transformers, slow to load, runs in the first round only); each round's decode ratio against
 llama.cpp is printed, a same-run ratio.
 
-    python bench/gguf_speed.py [--threads 2] [--new-tokens 128] [--rounds 4]
+    python bench/gguf_speed.py [--model smollm2] [--threads 2] [--new-tokens 128] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import cpu_description, llama_cpp_n_batch
+from common import cpu_description, llama_cpp_n_batch, save_results
 
 # A story's opening: greedy decoding runs on for the whole 128 tokens without an end of text.
 PROMPT = "Once upon a time, in a land far away, there lived"
@@ -51,16 +52,26 @@ def model_path() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def run_attnkit(packed: bool, threads: int, new_tokens: int) -> dict:
+def gguf_file(model: str) -> Path:
+    if model == "smollm2":
+        return model_path()
+    from attnkit.interop.pretrained import _packaged
+
+    return _packaged(Path("gemma3"))  # the shipped chunks, joined once
+
+
+def run_attnkit(packed: bool, integer: bool, threads: int, new_tokens: int, file: Path) -> dict:
     import torch
 
     import attnkit as ak
+    from attnkit.accel import use_integer_products
     from attnkit.interop import load_tokenizer_for
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    model = ak.from_pretrained(model_path(), dequantize=not packed)
-    tokenizer = load_tokenizer_for(model_path())
+    model = ak.from_pretrained(file, dequantize=not packed).eval()
+    use_integer_products(model, integer)
+    tokenizer = load_tokenizer_for(file)
     load = time.perf_counter() - start
     short = torch.tensor([tokenizer.encode(PROMPT)])
     long = torch.tensor([(tokenizer.encode(PROMPT * 20) * 2)[:256]])
@@ -87,13 +98,12 @@ def run_attnkit(packed: bool, threads: int, new_tokens: int) -> dict:
     }
 
 
-def run_hugging_face(threads: int, new_tokens: int) -> dict:
+def run_hugging_face(threads: int, new_tokens: int, path: Path) -> dict:
     """transformers reading the same GGUF file (it dequantizes every weight to float32)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    path = model_path()
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -124,13 +134,13 @@ def run_hugging_face(threads: int, new_tokens: int) -> dict:
     }
 
 
-def run_llama_cpp(threads: int, new_tokens: int) -> dict:
+def run_llama_cpp(threads: int, new_tokens: int, path: Path) -> dict:
     from llama_cpp import Llama
 
-    n_batch = llama_cpp_n_batch(model_path(), threads)  # 1 where the batched path dies
+    n_batch = llama_cpp_n_batch(path, threads)  # 1 where the batched path dies
     start = time.perf_counter()
     llm = Llama(
-        model_path=str(model_path()), n_threads=threads, n_ctx=1024, n_batch=n_batch,
+        model_path=str(path), n_threads=threads, n_ctx=1024, n_batch=n_batch,
         verbose=False,
     )  # fmt: skip
     load = time.perf_counter() - start
@@ -164,20 +174,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=4)
-    workers = ["packed", "packed-eager", "float32", "llama.cpp", "transformers"]
+    parser.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
+    workers = ["packed", "packed-int8", "packed-eager", "float32", "llama.cpp", "transformers"]
     parser.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    file = gguf_file(args.model)
     if args.worker:
         if args.worker == "llama.cpp":
-            result = run_llama_cpp(args.threads, args.new_tokens)
+            result = run_llama_cpp(args.threads, args.new_tokens, file)
         elif args.worker == "transformers":
-            result = run_hugging_face(args.threads, args.new_tokens)
+            result = run_hugging_face(args.threads, args.new_tokens, file)
         else:
-            result = run_attnkit(args.worker != "float32", args.threads, args.new_tokens)
+            packed, integer = args.worker != "float32", args.worker == "packed-int8"
+            result = run_attnkit(packed, integer, args.threads, args.new_tokens, file)
         print(json.dumps(result))
         return
-    print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
-    candidates = ["float32", "packed", "packed-eager"]
+    print(f"CPU: {cpu_description()}; {args.threads} threads; {file.name}")
+    candidates = ["float32", "packed", "packed-int8", "packed-eager"]
     if importlib.util.find_spec("accelerate") is not None:  # transformers reads GGUF with it
         candidates.append("transformers")
     else:
@@ -192,15 +205,18 @@ def main() -> None:
             if name == "transformers" and round_:
                 continue
             command = [sys.executable, __file__, "--worker", name, "--threads", str(args.threads)]
-            command += ["--new-tokens", str(args.new_tokens)]
+            command += ["--new-tokens", str(args.new_tokens), "--model", args.model]
             env = dict(os.environ, ATTNKIT_PACKED_STEP="0" if name == "packed-eager" else "1")
             out = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
             if out.returncode != 0:
                 raise SystemExit(f"{name}: the worker process failed:\n{out.stderr[-2000:]}")
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
         if "llama.cpp" in runs:
-            ratio = runs["packed"][-1]["decode"] / runs["llama.cpp"][-1]["decode"]
-            print(f"round {round_ + 1}: decode, attnkit packed / llama.cpp = {ratio:.2f}x")
+            ratios = [
+                f"{name} {runs[name][-1]['decode'] / runs['llama.cpp'][-1]['decode']:.2f}x"
+                for name in ("packed", "packed-int8")
+            ]
+            print(f"round {round_ + 1}: decode, attnkit / llama.cpp: {', '.join(ratios)}")
     reference = runs["float32"][0]["tokens"]
     header = ("", "load s", "prompt tok/s", "first token s", "decode tok/s", "peak RSS MB")
     print(f"medians of {args.rounds} rounds")
@@ -208,14 +224,17 @@ def main() -> None:
     labels = {
         "float32": "attnkit float32",
         "packed": "attnkit packed",
+        "packed-int8": "packed, integer path",
         "packed-eager": "packed, eager steps",
         "llama.cpp": "llama.cpp",
         "transformers": "Hugging Face",
     }
+    figures: dict = {"model": file.name, "rounds": args.rounds}
     for name, results in runs.items():
         r = {
             key: statistics.median(x[key] for x in results) for key in results[0] if key != "tokens"
         }
+        figures[labels[name]] = r
         pairs = list(zip(results[0]["tokens"], reference, strict=False))
         differ = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
         agree = f"all {len(pairs)}" if differ is None else f"the first {differ}"
@@ -223,6 +242,25 @@ def main() -> None:
             f"{labels[name]:<22} {r['load']:>7.2f} {r['prompt']:>13.1f} {r['first']:>14.3f} "
             f"{r['decode']:>13.1f} {r['rss']:>12.0f}  {agree}"
         )
+    if "llama.cpp" in runs:
+        theirs = figures["llama.cpp"]
+        title = {"smollm2": "SmolLM2 Q4_1", "gemma3": "Gemma 3 270M Q4_K_M"}[args.model]
+        ratios, targets = {}, {}
+        for name in ("attnkit packed", "packed, integer path"):
+            mine = figures[name]
+            for what, value, goal in (
+                ("256-token prompt", mine["prompt"] / theirs["prompt"], 1.0),
+                ("peak RSS (lower is better)", mine["rss"] / theirs["rss"], 1.5),
+            ):
+                ratios[f"{title} {what}: {name} / llama.cpp"] = value
+                targets[f"{title} {what}: {name} / llama.cpp"] = goal
+            print(
+                f"{name} / llama.cpp: prompt {mine['prompt'] / theirs['prompt']:.2f}x, "
+                f"decode {mine['decode'] / theirs['decode']:.2f}x, "
+                f"peak RSS {mine['rss'] / theirs['rss']:.2f}x, load {mine['load']:.2f} s"
+            )
+        figures.update(ratios=ratios, targets=targets)
+    print(f"wrote {save_results(f'gguf_speed_{args.model}', figures)}")
 
 
 if __name__ == "__main__":

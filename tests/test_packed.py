@@ -66,6 +66,20 @@ def test_dequantize_is_gguf_quants_bit_for_bit(kind):
     assert np.array_equal(dequantize(blocks, kind).numpy(), want, equal_nan=True)
 
 
+def test_q5_0_becomes_q8_0_bit_for_bit():
+    """Gemma 3's Q4_K_M file keeps most products in Q5_0: read as Q8_0 blocks (q - 16 fits an
+    int8), they dequantize to gguf.quants' Q5_0 values exactly."""
+    rng = np.random.default_rng(4)
+    blocks = rng.integers(0, 256, (8 * 512 // 32, 22), dtype=np.uint8)
+    scales = rng.normal(0, 0.05, len(blocks)).astype(np.float16)
+    scales[:4] = [65504.0, -65504.0, 6e-8, 0.0]
+    blocks[:, :2] = scales.view(np.uint8).reshape(-1, 2)
+    file_rows = torch.from_numpy(blocks.reshape(8, -1))
+    want = gguf.quants.dequantize(file_rows.numpy(), Q.Q5_0).ravel()
+    got = dequantize(packed.repack_q5_0(file_rows), "Q8_0").numpy()
+    assert np.array_equal(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1, packed.PROMPT_ROWS + 5])
 def test_packed_products_equal_the_float32_product(kind, rows):

@@ -209,3 +209,51 @@ def test_smollm2_decodes_the_same_tokens_through_the_c_step():
             with packed_steps(False):
                 want = model.generate(ids, 32, do_sample=False)
             assert torch.equal(model.generate(ids, 32, do_sample=False), want)
+
+
+@pytest.mark.parametrize(
+    ("integer", "laid_out"), [(False, False), (False, True), (True, False)], ids=str
+)
+def test_gemma3_steps_in_c_equal_the_eager_steps(tmp_path, integer, laid_out):
+    """Gemma 3's layers in the C step: QK-norm, sandwich norms, GeGLU, heads wider than
+    d_model / n_heads, and window layers whose ring of 4 keys wraps several times over 14
+    steps; one product left in float32, as the Q6_K ones of the shipped file (in both of its
+    layouts: laid out for decoding, the (in, out) rows). Against the eager steps on the same
+    products; on the integer path the first step to rounding order and the rest to 1%, as
+    for Llama."""
+    from attnkit.accel import use_integer_products
+    from attnkit.accel.decoding import lay_out_for_decoding
+    from test_interop_gemma3 import _gemma3
+
+    _, model = _gemma3(tmp_path)
+    ak.quantize(model, "Q4_1", skip=["lm_head"])
+    ffn = model.decoder.layers[1].ffn
+    dense = torch.nn.Linear(ffn.down.in_features, ffn.down.out_features, bias=False)
+    dense.weight.data = ffn.down.dequantized()
+    ffn.down = dense.eval()
+    if laid_out:
+        lay_out_for_decoding(model)
+        assert not dense.weight.is_contiguous() and dense.weight.t().is_contiguous()
+    use_integer_products(model, integer)
+    decoder = packed_decoder(model)
+    assert decoder is not None, ak.accel.packed_step.why_not(model)
+    assert [layer.window for layer in decoder.layers] == [4, 0, 4, 0]
+    assert decoder.layers[1].kind[4] == (9 if laid_out else 8)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    eager_cache, c_cache = model.new_cache(1, 32), model.new_cache(1, 32)
+    with torch.no_grad():
+        token = lm_step(model, prompt, None, eager_cache).argmax(-1, keepdim=True)
+        lm_step(model, prompt, None, c_cache)
+        for step in range(14):
+            want = lm_step(model, token, None, eager_cache)
+            got = decoder.step(model, token, None, c_cache, eager=None)  # never falls back
+            bound = 1e-5 if step == 0 or not integer else 1e-2
+            assert (got - want).abs().max().item() <= bound * want.abs().max().item(), step
+            token = want.argmax(-1, keepdim=True)
+    for mine, theirs in zip(c_cache.self_attn, eager_cache.self_attn, strict=True):
+        assert mine.length == theirs.length == 20
+        assert torch.equal(mine.positions, theirs.positions)
+        if hasattr(mine, "valid"):
+            assert torch.equal(mine.valid, theirs.valid)
+        if not integer:
+            torch.testing.assert_close(mine.k, theirs.k, rtol=1e-4, atol=1e-5)

@@ -220,14 +220,17 @@ class EncoderLayer(nn.Module):
 class DecoderParts(NamedTuple):
     """A decoder layer's parts by role, for code that runs the layer's step another way (a
     fused kernel) and must not depend on attribute names: the norm before self-attention, the
-    self-attention, the norm before the feed-forward network, the feed-forward network, and
-    the cross-attention (None in a decoder-only layer)."""
+    self-attention, the norm before the feed-forward network, the feed-forward network, the
+    cross-attention (None in a decoder-only layer), and the sandwich norms on the
+    self-attention's and the FFN's outputs (None unless ``cfg.sandwich_norms``)."""
 
     attention_norm: nn.Module
     attention: MultiHeadAttention
     ffn_norm: nn.Module
     ffn: nn.Module
     cross_attention: MultiHeadAttention | None
+    attention_out_norm: nn.Module | None = None
+    ffn_out_norm: nn.Module | None = None
 
 
 class DecoderLayer(nn.Module):
@@ -238,7 +241,10 @@ class DecoderLayer(nn.Module):
 
     def parts(self) -> DecoderParts:
         """The layer's parts by role (:class:`DecoderParts`)."""
-        return DecoderParts(self.norm1, self.self_attn, self.norm3, self.ffn, self.cross_attn)
+        return DecoderParts(
+            self.norm1, self.self_attn, self.norm3, self.ffn, self.cross_attn,
+            self.attn_out_norm, self.ffn_out_norm,
+        )  # fmt: skip
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = True, layer: int = 0) -> None:
         super().__init__()

@@ -833,16 +833,23 @@ int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows
 }
 
 /* ---------------------------------------------------------------------------------------------
- * One decoding step of a Llama layer (Pre-LN, RMSNorm, RoPE, grouped-query attention, SwiGLU,
- * no biases) with packed weights: what attnkit.layers.DecoderLayer computes for one new
- * position per row, as one parallel region (attnkit/accel/packed_step.py):
+ * One decoding step of a Llama-family layer with packed weights: what
+ * attnkit.layers.DecoderLayer computes for one new position per row, as one parallel region
+ * (attnkit/accel/packed_step.py). Llama (Pre-LN, RMSNorm, RoPE, grouped-query attention,
+ * SwiGLU, no biases), and Gemma 3 where the layer names its differences (QK-norm, sandwich
+ * norms, GeGLU, a sliding window over a ring of cached keys, heads wider than d_model / H):
  *
- *   h = RMSNorm_1(x);  q, k, v = h W_in (split);  q, k = RoPE(q, k, position)
- *   cache[length] = k, v;  a = softmax(q K^T / sqrt(d_head) + mask) V   (each query head reads
- *   the key head it shares, h / (n_heads / n_kv_heads));  x = x + a W_out
- *   h = RMSNorm_2(x);  x = x + (SiLU(h W_gate) * (h W_up)) W_down
+ *   h = RMSNorm_1(x);  q, k, v = h W_in (split);  q, k = RMSNorm_q(q), RMSNorm_k(k)  (QK-norm)
+ *   q, k = RoPE(q, k, position);  cache[slot] = k, v   (slot: length, or length % window)
+ *   a = softmax(q K^T / sqrt(d_head) + mask) V   (each query head reads the key head it shares)
+ *   x = x + [RMSNorm_a](a W_out)
+ *   h = RMSNorm_2(x);  x = x + [RMSNorm_f]((act(h W_gate) * (h W_up)) W_down)
+ *
+ * with act SiLU (SwiGLU) or GELU with tanh (GeGLU), and the bracketed norms only where the
+ * layer has them. A product's weights are packed blocks, tiles (integer path), or float32
+ * (kind 8: (N, K) rows; kind 9: (K, N), as accel.decoding lays a linear layer out).
  * ------------------------------------------------------------------------------------------ */
-/* LlamaLayer (the layer's sizes, norms and packed weights) is defined in structs.h */
+/* LlamaLayer (the layer's sizes, norms and weights) is defined in structs.h */
 
 /* out = x / sqrt(mean(x^2) + eps) * g for each row. */
 static void rms_norm(const float *x, const float *g, float *out, int rows, int D, float eps) {
@@ -878,6 +885,45 @@ static void rope(const float *x, float *out, int d, const float *cos_sin) {
  * keys and values and (rows, max_len) positions; this step writes slot `length` and attends
  * over slots 0..length. valid: (rows, length + 1) flags of the keys a row may attend to, or
  * NULL for all of them. Returns 0, -1 for arguments it cannot take, -2 when out of memory. */
+/* y (rows, N) = or += x (rows, K) W^T for float32 weights, inside a parallel region: kind 8,
+ * W (N, K) rows; kind 9, W^T (K, N) (each column block of y summed over k). */
+static void float_matmul(int kind, const float *W, const float *x, float *y, int rows, int N,
+                         int K, int add) {
+    if (kind == 8) {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int r = 0; r < rows; r++) {
+                const float *xr = x + (size_t)r * K, *w = W + (size_t)n * K;
+                float dot = 0.0f;
+                for (int k = 0; k < K; k++) dot += xr[k] * w[k];
+                float *out = y + (size_t)r * N + n;
+                *out = add ? *out + dot : dot;
+            }
+        return;
+    }
+    enum { COLUMNS = 64 };
+#pragma omp for schedule(static)
+    for (int c = 0; c < (N + COLUMNS - 1) / COLUMNS; c++) {
+        const int n0 = c * COLUMNS, width = N - n0 < COLUMNS ? N - n0 : COLUMNS;
+        for (int r = 0; r < rows; r++) {
+            float acc[COLUMNS] = {0};
+            const float *xr = x + (size_t)r * K;
+            for (int k = 0; k < K; k++) {
+                const float *w = W + (size_t)k * N + n0;
+                for (int j = 0; j < width; j++) acc[j] += xr[k] * w[j];
+            }
+            float *out = y + (size_t)r * N + n0;
+            for (int j = 0; j < width; j++) out[j] = add ? out[j] + acc[j] : acc[j];
+        }
+    }
+}
+
+/* GELU with the tanh approximation, as torch's gelu(approximate="tanh"). */
+static inline float gelu_tanh(float g) {
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(inner));
+}
+
 /* A product's input made ready (block sums, or int8 blocks on the integer path), and the
  * product of weight i with it: y (rows, N) = or += x (rows, K) W_i^T. */
 #define PREPARE(X, K_)                                                                         \
@@ -885,36 +931,55 @@ static void rope(const float *x, float *out, int d, const float *cos_sin) {
         if (integer) quantize_rows(X, qx, dx, sums, rows, K_);                                \
         else block_sums(X, sums, rows, K_);                                                    \
     } while (0)
+/* kinds 8 and 9: float32 weights, read from X itself */
 #define PRODUCT(I, X, Y, N_, K_, ADD)                                                          \
     do {                                                                                       \
-        if (L->kind[I] >= 4) tile_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
+        if (L->kind[I] >= 8)                                                                   \
+            float_matmul(L->kind[I], (const float *)L->weight[I], X, Y, rows, N_, K_, ADD);   \
+        else if (L->kind[I] >= 4)                                                              \
+            tile_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD);         \
         else if (integer) int_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
         else matmul(L->kind[I], L->weight[I], X, sums, Y, rows, N_, K_, ADD);                 \
     } while (0)
 
+/* x (rows, d_model) is updated in place. The cache holds (rows, n_kv_heads, slots, d_head) keys
+ * and values and (rows, slots) positions, slots = max_len (a KVCache: this step writes slot
+ * `length` and attends over slots 0..length) or L->window (a ring: slot length % window, and
+ * every slot flagged in `valid`). valid: for a KVCache (rows, length + 1) flags of the keys a
+ * row may attend to, or NULL for all of them; for a ring the cache's own (rows, window) flags,
+ * this step's slot set. Returns 0, -1 for arguments it cannot take, -2 when out of memory. */
 int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *positions,
-                      const uint8_t *valid, float *cache_k, float *cache_v, int64_t *cache_pos,
+                      uint8_t *valid, float *cache_k, float *cache_v, int64_t *cache_pos,
                       int length, int max_len, int threads) {
     const int D = L->d_model, H = L->n_heads, Hkv = L->n_kv_heads, dh = L->d_head, F = L->d_ff;
-    const int Nqkv = (H + 2 * Hkv) * dh, M = length + 1, groups = H / Hkv;
-    if (rows < 1 || rows > MAX_ROWS || D % QK || F % QK || D != H * dh || dh % 2 || threads < 1 ||
-        H % Hkv || length < 0 || length >= max_len)
+    const int A = H * dh, Nqkv = (H + 2 * Hkv) * dh, groups = Hkv > 0 ? H / Hkv : 1;
+    const int ring = L->window > 0, slots = ring ? L->window : max_len;
+    const int M = ring ? L->window : length + 1, at = ring ? length % L->window : length;
+    if (rows < 1 || rows > MAX_ROWS || D % QK || F % QK || A % QK || dh % 2 || threads < 1 ||
+        Hkv < 1 || H % Hkv || length < 0 || (!ring && length >= max_len) ||
+        (ring && (valid == NULL || max_len != L->window)) || L->activation < 0 ||
+        L->activation > 1)
         return -1;
     for (int i = 0; i < 5; i++) /* kinds 4-7: tiles, read on the integer path only */
-        if (L->kind[i] < 0 || L->kind[i] > 7 || (L->kind[i] >= 4 && !L->integer)) return -1;
+        if (L->kind[i] < 0 || L->kind[i] > 9 || (L->kind[i] >= 4 && L->kind[i] < 8 && !L->integer))
+            return -1;
     for (int i = 0; i < 5; i++) /* tiles are whole */
-        if (L->kind[i] >= 4 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
-    const int widest = D > F ? D : F; /* the longest row whose block sums are kept */
-    /* floats per row, then (integer path) the row's int8 values and block scales */
-    const size_t per_row = (size_t)2 * D + Nqkv + 2 * F + (size_t)H * M + 2 * (widest / QK) + dh;
+        if (L->kind[i] >= 4 && L->kind[i] < 8 && (Nqkv % TILE || D % TILE || F % TILE))
+            return -1;
+    int widest = D > F ? D : F; /* the longest row whose block sums are kept */
+    widest = widest > A ? widest : A;
+    /* floats per row, then (integer path) the row's int8 values */
+    const size_t per_row =
+        (size_t)D + Nqkv + A + 2 * F + (size_t)H * M + 2 * (widest / QK) + dh + D;
     float *scratch = malloc((sizeof(float) * per_row + widest) * rows);
     if (scratch == NULL) return -2;
     float *h = scratch, *qkv = h + (size_t)rows * D, *attn = qkv + (size_t)rows * Nqkv;
-    float *gate = attn + (size_t)rows * D, *up = gate + (size_t)rows * F;
+    float *gate = attn + (size_t)rows * A, *up = gate + (size_t)rows * F;
     float *scores = up + (size_t)rows * F, *sums = scores + (size_t)rows * H * M;
     float *dx = sums + (size_t)rows * (widest / QK);
     float *angles = dx + (size_t)rows * (widest / QK); /* (rows, d_head): cos, then sin */
-    int8_t *qx = (int8_t *)(angles + (size_t)rows * dh);
+    float *out = angles + (size_t)rows * dh;            /* (rows, D): a sublayer's output */
+    int8_t *qx = (int8_t *)(out + (size_t)rows * D);
     const int integer = L->integer;
 
 #pragma omp parallel num_threads(threads)
@@ -927,25 +992,33 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
                 rope_angles(positions[r], L->inv_freq, dh / 2, angles + (size_t)r * dh);
         }
         PRODUCT(0, h, qkv, Nqkv, D, 0);
-        /* this step's keys, rotated, and values into the cache */
+        /* this step's keys, normalised and rotated, and values into the cache */
 #pragma omp for schedule(static)
         for (int i = 0; i < rows * Hkv; i++) {
             const int r = i / Hkv, g = i % Hkv;
-            const size_t slot = (((size_t)r * Hkv + g) * max_len + length) * dh;
-            const float *k = qkv + (size_t)r * Nqkv + D + (size_t)g * dh;
-            rope(k, cache_k + slot, dh, angles + (size_t)r * dh);
+            const size_t slot = (((size_t)r * Hkv + g) * slots + at) * dh;
+            const float *k = qkv + (size_t)r * Nqkv + A + (size_t)g * dh;
+            float normed[dh];
+            if (L->k_norm != NULL) rms_norm(k, L->k_norm, normed, 1, dh, L->qk_eps);
+            rope(L->k_norm != NULL ? normed : k, cache_k + slot, dh, angles + (size_t)r * dh);
             memcpy(cache_v + slot, k + (size_t)Hkv * dh, sizeof(float) * dh);
-            if (g == 0) cache_pos[(size_t)r * max_len + length] = positions[r];
+            if (g == 0) {
+                cache_pos[(size_t)r * slots + at] = positions[r];
+                if (ring) valid[(size_t)r * slots + at] = 1;
+            }
         }
         /* each query head against its key head's cached keys */
 #pragma omp for schedule(static)
         for (int i = 0; i < rows * H; i++) {
             const int r = i / H, head = i % H, g = head / groups;
-            const float *keys = cache_k + ((size_t)r * Hkv + g) * max_len * dh;
-            const float *values = cache_v + ((size_t)r * Hkv + g) * max_len * dh;
-            const uint8_t *ok = valid == NULL ? NULL : valid + (size_t)r * M;
-            float q[dh], *s = scores + (size_t)i * M, *out = attn + (size_t)r * D + head * dh;
-            rope(qkv + (size_t)r * Nqkv + (size_t)head * dh, q, dh, angles + (size_t)r * dh);
+            const float *keys = cache_k + ((size_t)r * Hkv + g) * slots * dh;
+            const float *values = cache_v + ((size_t)r * Hkv + g) * slots * dh;
+            const uint8_t *ok = valid == NULL ? NULL : valid + (size_t)r * (ring ? slots : M);
+            float q[dh], normed[dh], *s = scores + (size_t)i * M;
+            float *o = attn + (size_t)r * A + (size_t)head * dh;
+            const float *raw = qkv + (size_t)r * Nqkv + (size_t)head * dh;
+            if (L->q_norm != NULL) rms_norm(raw, L->q_norm, normed, 1, dh, L->qk_eps);
+            rope(L->q_norm != NULL ? normed : raw, q, dh, angles + (size_t)r * dh);
             float top = -INFINITY;
             for (int j = 0; j < M; j++) {
                 if (ok != NULL && !ok[j]) continue;
@@ -954,7 +1027,7 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
                 s[j] = dot * L->scale;
                 if (s[j] > top) top = s[j];
             }
-            for (int e = 0; e < dh; e++) out[e] = 0.0f;
+            for (int e = 0; e < dh; e++) o[e] = 0.0f;
             if (top == -INFINITY) continue; /* nothing to attend to: a zero output */
             float total = 0.0f;
             for (int j = 0; j < M; j++) {
@@ -965,12 +1038,21 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
             for (int j = 0; j < M; j++) {
                 if (ok != NULL && !ok[j]) continue;
                 const float p = s[j] / total;
-                for (int e = 0; e < dh; e++) out[e] += p * values[(size_t)j * dh + e];
+                for (int e = 0; e < dh; e++) o[e] += p * values[(size_t)j * dh + e];
             }
         }
 #pragma omp single
-        PREPARE(attn, D);
-        PRODUCT(1, attn, x, D, D, 1); /* x += a W_out */
+        PREPARE(attn, A);
+        if (L->attn_out_norm == NULL) {
+            PRODUCT(1, attn, x, D, A, 1); /* x += a W_out */
+        } else {
+            PRODUCT(1, attn, out, D, A, 0);
+#pragma omp single
+            {
+                rms_norm(out, L->attn_out_norm, out, rows, D, L->eps);
+                for (size_t i = 0; i < (size_t)rows * D; i++) x[i] += out[i];
+            }
+        }
 #pragma omp single
         {
             rms_norm(x, L->norm2, h, rows, D, L->eps);
@@ -979,10 +1061,21 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
         PRODUCT(2, h, gate, F, D, 0);
         PRODUCT(3, h, up, F, D, 0);
 #pragma omp for schedule(static)
-        for (int i = 0; i < rows * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        for (int i = 0; i < rows * F; i++)
+            gate[i] = (L->activation == 1 ? gelu_tanh(gate[i])
+                                           : gate[i] / (1.0f + expf(-gate[i]))) * up[i];
 #pragma omp single
         PREPARE(gate, F);
-        PRODUCT(4, gate, x, D, F, 1); /* x += ... W_down */
+        if (L->ffn_out_norm == NULL) {
+            PRODUCT(4, gate, x, D, F, 1); /* x += ... W_down */
+        } else {
+            PRODUCT(4, gate, out, D, F, 0);
+#pragma omp single
+            {
+                rms_norm(out, L->ffn_out_norm, out, rows, D, L->eps);
+                for (size_t i = 0; i < (size_t)rows * D; i++) x[i] += out[i];
+            }
+        }
     }
     free(scratch);
     return 0;

@@ -56,6 +56,7 @@ __all__ = [
     "packed_kernel",
     "register_operator",
     "repack_q4_k",
+    "repack_q5_0",
     "use_integer_products",
 ]
 
@@ -122,6 +123,23 @@ def repack_q4_k(data: Tensor) -> Tensor:
     nibbles = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16 share a byte
     parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
     return torch.cat([*parts, nibbles], dim=-1).reshape(rows, -1)  # (rows, groups * 24)
+
+
+def repack_q5_0(data: Tensor) -> Tensor:
+    """GGUF Q5_0 rows, uint8 (rows, n / 32 * 22), -> Q8_0 rows (rows, n / 32 * 34), exactly.
+
+    A Q5_0 block is a float16 d, 32 high bits (weight j's in bit j) and 16 bytes of low nibbles
+    (weights 0-15 low, 16-31 high): ``w = d (q - 16)``, q in 0..31. As Q8_0, ``q - 16`` is an
+    int8 and the same d: the values are the same bit for bit, in 34 bytes instead of 22, and
+    the kernels read them as they read Q8_0."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, 22)  # (B, 22)
+    high = blocks[:, 2:6].contiguous().view(torch.int32)  # (B, 1), little-endian as stored
+    bits = (high >> torch.arange(32, dtype=torch.int32)) & 1  # (B, 32): weight j's 5th bit
+    qs = blocks[:, 6:]
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=1).to(torch.int32)  # (B, 32)
+    q = (low | (bits << 4)) - 16  # in -16..15
+    return torch.cat([blocks[:, :2], q.to(torch.int8).view(torch.uint8)], dim=1).reshape(rows, -1)
 
 
 # --------------------------------------------------------------------------------------------

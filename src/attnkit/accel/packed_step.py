@@ -1,4 +1,4 @@
-"""A decoding step of a Llama-architecture model with packed weights, one C call per layer.
+"""A decoding step of a Llama-family model with packed weights, one C call per layer.
 
 Eager PyTorch runs a Llama layer's one-token step as about 66 tensor operations (two RMSNorms,
 RoPE, the cache, attention, SwiGLU, residual adds), each a few microseconds of dispatch, around
@@ -12,13 +12,19 @@ integer path as the layer's products are set)::
     x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
     x = x + (SiLU(RMSNorm_2(x) W_gate) * (RMSNorm_2(x) W_up)) W_down
 
+and Gemma 3's differences where the config names them: q and k RMS-normalised per head before
+RoPE (``qk_norm``), a norm on each sublayer's output before its residual add
+(``sandwich_norms``), GeGLU with tanh's GELU, heads wider than ``d_model / n_heads``, and
+sliding-window layers whose ``RollingKVCache`` ring the C call writes and reads.
+
 The embedding lookup, the final norm and the output layer stay in PyTorch. The model is not
 changed: the decoder reads its weights, norms and KV caches as they are, and writes this step's
 keys and values into the same caches, so eager and C steps can follow each other. Only what it
-can run exactly is taken (:func:`packed_decoder` says why not otherwise): a ``DecoderLM``-like
-model whose layers are Pre-LN, RMSNorm, RoPE, full attention, SwiGLU, without biases, every
-product packed, in evaluation mode, in float32 on the CPU, one new token per row, at most
-``MAX_ROWS`` rows, with the compiled kernel. The logits equal the eager packed step's up to
+can run exactly is taken (:func:`why_not` says why not otherwise): a ``DecoderLM``-like model
+whose layers are Pre-LN, RMSNorm, RoPE, full or window attention, SwiGLU or GeGLU, without
+biases, each product packed or a float32 linear layer (Gemma's Q6_K ones), in evaluation mode,
+in float32 on the CPU, one new token per row, at most ``MAX_ROWS`` rows, with the compiled
+kernel. The logits equal the eager packed step's up to
 float32 rounding order (``tests/test_packed_step.py``).
 """
 
@@ -39,13 +45,14 @@ from attnkit.accel.packed import (
     packed_kernel,
 )
 from attnkit.accel.switch import Switch
-from attnkit.caches import KVCache
+from attnkit.caches import KVCache, RollingKVCache
 from attnkit.layers import DecoderLayer
 from attnkit.position import positions_from_mask
 
 __all__ = ["PackedDecoder", "packed_decoder", "packed_steps", "why_not"]
 
 _EPS = torch.finfo(torch.float32).eps  # RMSNorm's epsilon where the norm names none
+_ACTIVATIONS = {"swiglu": 0, "geglu": 1}  # the FFN's gate, by packed_llama_step's code
 _switch = Switch("ATTNKIT_PACKED_STEP")
 
 
@@ -61,17 +68,24 @@ def why_not(model: nn.Module) -> str | None:
     cfg = getattr(model, "cfg", None)
     if cfg is None or not hasattr(model, "decoder") or not hasattr(model, "lm_head"):
         return "not a decoder-only language model"
-    wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", activation="swiglu")
-    wanted.update(attention="full", bias=False, n_experts=0, head_dim=None, qk_norm=False)
-    wanted.update(sandwich_norms=False)
+    wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", bias=False, n_experts=0)
     for name, value in wanted.items():
         if getattr(cfg, name) != value:
             return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"
+    if cfg.attention not in ("full", "window"):
+        return f"cfg.attention is {cfg.attention!r}, the C step needs 'full' or 'window'"
+    if cfg.activation not in _ACTIVATIONS:
+        return f"cfg.activation is {cfg.activation!r}, the C step needs 'swiglu' or 'geglu'"
+    if cfg.activation == "geglu" and cfg.gelu_approximation != "tanh":
+        return "GeGLU with exact GELU: the C step computes GELU with tanh"
     for layer in model.decoder.layers:
         products = _products(layer)
-        if not all(isinstance(p, PackedLinear) and p.bias is None for p in products):
-            return "a layer's products are not all packed"
-        if len({p.integer for p in products}) > 1:
+        if not all(_weights(p) is not None for p in products):
+            return "a layer's products are neither packed nor float32 linear layers"
+        packed = [p for p in products if isinstance(p, PackedLinear)]
+        if not packed:
+            return "a layer has no packed products"
+        if len({p.integer for p in packed}) > 1:
             return "a layer's products mix the integer and float32 paths"
         if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
@@ -96,42 +110,71 @@ def _products(block: DecoderLayer) -> tuple[nn.Module, ...]:
 
 
 def _floats(block: DecoderLayer) -> list[Tensor]:
-    """A DecoderLayer's float tensors that packed_llama_step reads: norm gains, RoPE's
-    frequencies."""
+    """A DecoderLayer's float tensors that packed_llama_step reads: norm gains (QK-norms and
+    sandwich norms where there are any), RoPE's frequencies."""
     parts = block.parts()
-    return [parts.attention_norm.weight, parts.ffn_norm.weight, parts.attention.rope.inv_freq]
+    attention = parts.attention
+    norms = [attention.q_norm, attention.k_norm, parts.attention_out_norm, parts.ffn_out_norm]
+    found = [parts.attention_norm.weight, parts.ffn_norm.weight, attention.rope.inv_freq]
+    return found + [n.weight for n in norms if n is not None]
+
+
+def _address(module: nn.Module | None) -> int | None:
+    return None if module is None else module.weight.data_ptr()
+
+
+def _eps(norm: nn.Module) -> float:
+    return norm.eps if norm.eps is not None else _EPS
 
 
 def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
-    """The C description of one DecoderLayer: sizes, norm gains and packed weights."""
+    """The C description of one DecoderLayer: sizes, norm gains and weights."""
     parts, products = block.parts(), _products(block)
     attention, ffn = parts.attention, parts.ffn
-    norm1, norm2, inv_freq = (t.data_ptr() for t in _floats(block))
+    integer = any(isinstance(p, PackedLinear) and p.integer for p in products)
     return LlamaLayer(
         d_model=cfg.d_model,
         n_heads=attention.n_heads,
         n_kv_heads=attention.n_kv_heads,
         d_head=attention.d_head,
-        d_ff=ffn.gate.out_features,
-        eps=parts.attention_norm.eps if parts.attention_norm.eps is not None else _EPS,
+        d_ff=ffn.up.out_features,
+        eps=_eps(parts.attention_norm),
         scale=1.0 / math.sqrt(attention.d_head),
-        norm1=norm1,
-        norm2=norm2,
-        inv_freq=inv_freq,
+        norm1=parts.attention_norm.weight.data_ptr(),
+        norm2=parts.ffn_norm.weight.data_ptr(),
+        inv_freq=attention.rope.inv_freq.data_ptr(),
         kind=(ctypes.c_int * 5)(*[_code(p) for p in products]),
         weight=(ctypes.c_void_p * 5)(*[_weights(p).data_ptr() for p in products]),
-        integer=int(products[0].integer),
+        integer=int(integer),
+        q_norm=_address(attention.q_norm),
+        k_norm=_address(attention.k_norm),
+        qk_eps=_eps(attention.q_norm) if attention.q_norm is not None else 0.0,
+        attn_out_norm=_address(parts.attention_out_norm),
+        ffn_out_norm=_address(parts.ffn_out_norm),
+        activation=_ACTIVATIONS[ffn.activation],
+        window=attention.window if attention.attention == "window" else 0,
     )
 
 
-def _weights(product: PackedLinear) -> Tensor:
-    """What the C step reads of a packed product: its tiles on the integer path, else its
-    blocks."""
-    return product.blocks if product.tiles is None else product.tiles
+def _weights(product: nn.Module) -> Tensor | None:
+    """What the C step reads of a product: a packed one's tiles (integer path) or blocks, a
+    float32 linear layer's weight storage; None for anything else."""
+    if isinstance(product, PackedLinear):
+        return product.blocks if product.tiles is None else product.tiles
+    if type(product) is nn.Linear and product.bias is None:
+        w = product.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2:
+            if w.is_contiguous():
+                return w
+            if w.t().is_contiguous():  # laid out for decoding: (in, out) rows
+                return w.t()
+    return None
 
 
-def _code(product: PackedLinear) -> int:
-    return _KIND_CODES[product.kind] if product.tiles is None else TILE_CODES[product.kind]
+def _code(product: nn.Module) -> int:
+    if isinstance(product, PackedLinear):
+        return _KIND_CODES[product.kind] if product.tiles is None else TILE_CODES[product.kind]
+    return 8 if product.weight.is_contiguous() else 9  # float32 (N, K), or (K, N)
 
 
 class PackedDecoder:
@@ -140,7 +183,8 @@ class PackedDecoder:
     ``step(model, tokens, mask, cache)`` has the signature and result of the eager step
     (logits (B, V) for tokens (B, 1) after ``cache.length`` cached positions; ``mask`` (B,
     length + 1) True on real tokens, or None) and falls back to ``eager`` for a call it cannot
-    take (a prompt, more than ``MAX_ROWS`` rows, a cache that is not a plain float32 KVCache).
+    take (a prompt, more than ``MAX_ROWS`` rows, a cache that is not a plain float32 KVCache,
+    or for a window layer a RollingKVCache of its window).
     Build it after the weights are final: it keeps their addresses."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -161,31 +205,44 @@ class PackedDecoder:
         # with freed memory.
         self._held = floats + [_weights(p) for block in blocks for p in _products(block)]
 
-    def accepts(self, tokens: Tensor, cache) -> bool:
+    def accepts(self, tokens: Tensor, cache, mask: Tensor | None = None) -> bool:
         """Whether :meth:`step` runs this call in C (else it falls back)."""
         caches = getattr(cache, "self_attn", None)
-        return (
-            tokens.dim() == 2
-            and tokens.shape[1] == 1
-            and 1 <= tokens.shape[0] <= MAX_ROWS
-            and caches is not None
-            and getattr(cache, "cross_attn", None) is None
-            and len(caches) == len(self.layers)
-            and all(
-                type(c) is KVCache
-                and c.k.dtype == torch.float32
+        if (
+            tokens.dim() != 2
+            or tokens.shape[1] != 1
+            or not 1 <= tokens.shape[0] <= MAX_ROWS
+            or caches is None
+            or getattr(cache, "cross_attn", None) is not None
+            or len(caches) != len(self.layers)
+            or caches[0].length < 1
+        ):
+            return False
+        rows = tokens.shape[0]
+        for layer, c in zip(self.layers, caches, strict=True):
+            if not (
+                c.k.dtype == torch.float32
                 and c.k.is_contiguous()
                 and c.v.is_contiguous()
                 and c.positions.is_contiguous()
                 and c.k.device.type == "cpu"
-                and c.k.shape[0] == tokens.shape[0]
-                for c in caches
-            )
-            and 0 < caches[0].length < caches[0].max_len
-        )
+                and c.k.shape[0] == rows
+            ):
+                return False
+            if layer.window:  # a ring of the last `window` positions, this token real
+                if not (
+                    type(c) is RollingKVCache
+                    and c.window == layer.window
+                    and c.valid.is_contiguous()
+                    and (mask is None or bool(mask[:, -1].all()))
+                ):
+                    return False
+            elif type(c) is not KVCache or not c.length < c.max_len:
+                return False
+        return True
 
     def step(self, model, tokens: Tensor, mask: Tensor | None, cache, eager) -> Tensor:
-        if model is not self.model or not self.accepts(tokens, cache):
+        if model is not self.model or not self.accepts(tokens, cache, mask):
             return eager(model, tokens, mask, cache)
         caches, past = cache.self_attn, cache.length
         b = tokens.shape[0]
@@ -199,13 +256,18 @@ class PackedDecoder:
         kernel, threads = packed_kernel().packed_llama_step, torch.get_num_threads()
         valid_at = None if valid is None else valid.data_ptr()
         for layer, kv in zip(self.layers, caches, strict=True):
+            ring = layer.window > 0  # the C call sets the ring's flag for this step's slot
             status = kernel(
-                ctypes.byref(layer), x.data_ptr(), b, positions.data_ptr(), valid_at,
-                kv.k.data_ptr(), kv.v.data_ptr(), kv.positions.data_ptr(), past, kv.max_len,
-                threads,
+                ctypes.byref(layer), x.data_ptr(), b, positions.data_ptr(),
+                kv.valid.data_ptr() if ring else valid_at, kv.k.data_ptr(), kv.v.data_ptr(),
+                kv.positions.data_ptr(), kv.length if ring else past,
+                kv.window if ring else kv.max_len, threads,
             )  # fmt: skip
             if status != 0:  # cannot happen for what accepts() let through
                 raise RuntimeError(f"packed_llama_step failed ({status})")
-            kv.written(1)  # the C call wrote this step's key and value into the cache
+            if ring:
+                kv.length += 1
+            else:
+                kv.written(1)  # the C call wrote this step's key and value into the cache
         x = model.decoder.norm(x)
         return model.lm_head(x)  # (B, V)

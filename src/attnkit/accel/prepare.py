@@ -156,7 +156,7 @@ def _integer_lever(model: nn.Module | None) -> Lever:
 def _decoding_levers(model: nn.Module | None) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
     packed = _kernel_lever(
-        "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama, {native.variant()} kernels"
+        "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama and Gemma 3, {native.variant()} kernels"
     )
     if packed.on and model is not None:
         why = packed_step.why_not(model)

@@ -32,7 +32,7 @@
     FIELD(const int32_t *, n_of, ) /* packed: batch b's queries (n is the largest) or NULL */ \
     FIELD(const int32_t *, m_of, ) /* ... and keys (m is the largest) or NULL */
 
-/* One Llama layer's sizes, norms and packed weights (packed.c's packed_llama_step). */
+/* One Llama-family layer's sizes, norms and weights (packed.c's packed_llama_step). */
 #define ATTNKIT_LLAMA_LAYER(FIELD)                                                           \
     FIELD(int, d_model, )                                                                  \
     FIELD(int, n_heads, )                                                                  \
@@ -44,9 +44,17 @@
     FIELD(const float *, norm1, ) /* RMSNorm gains (d_model) before attention */           \
     FIELD(const float *, norm2, ) /* ... and before the feed-forward network */           \
     FIELD(const float *, inv_freq, ) /* RoPE's inverse frequencies (d_head / 2) */         \
-    FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K, 4-7 tiles */ \
+    FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K, \
+                                     4-7 tiles, 8 float32 (N, K), 9 float32 (K, N) */         \
     FIELD(const uint8_t *, weight, [5])                                                    \
-    FIELD(int, integer, )         /* 1: activations quantized to int8 (the integer path) */
+    FIELD(int, integer, )         /* 1: activations quantized to int8 (the integer path) */  \
+    FIELD(const float *, q_norm, ) /* QK-norm gains (d_head), or NULL (Gemma) */             \
+    FIELD(const float *, k_norm, )                                                          \
+    FIELD(float, qk_eps, )                                                                  \
+    FIELD(const float *, attn_out_norm, ) /* sandwich norms' gains (d_model), or NULL */    \
+    FIELD(const float *, ffn_out_norm, )                                                    \
+    FIELD(int, activation, )      /* 0 SwiGLU, 1 GeGLU (GELU with tanh) */                 \
+    FIELD(int, window, )          /* 0: a KVCache; w: a ring of the last w positions */
 
 #define ATTNKIT_C_FIELD(type, name, dims) type name dims;
 typedef struct { ATTNKIT_VIEW(ATTNKIT_C_FIELD) } View;

@@ -52,7 +52,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, repack_q4_k
+from attnkit.accel.packed import (
+    PackedEmbedding,
+    PackedLinear,
+    repack_q4_k,
+    repack_q5_0,
+)
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
@@ -298,10 +303,21 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
 
 
+# The file's block types that stay packed, and the kind PackedLinear keeps them as: Q4_K and
+# Q5_0 are repacked on the way in (repack_q4_k, repack_q5_0), the others kept as they are.
+PACKED_KINDS = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q5_0": "Q8_0"}
+
+
+def _packed_kind(tensor: GGUFTensor | None) -> str | None:
+    return None if tensor is None else PACKED_KINDS.get(tensor.tensor_type.name)
+
+
 def _file_blocks(tensor: GGUFTensor) -> Tensor:
-    """A packable tensor's rows of blocks: a view of the file, or for Q4_K a repacked copy."""
+    """A packable tensor's rows of blocks: a view of the file, or for Q4_K and Q5_0 a repacked
+    copy."""
     blocks = torch.from_numpy(tensor.data)  # (out, bytes per row)
-    return repack_q4_k(blocks) if tensor.tensor_type.name == "Q4_K" else blocks
+    repack = {"Q4_K": repack_q4_k, "Q5_0": repack_q5_0}.get(tensor.tensor_type.name)
+    return blocks if repack is None else repack(blocks)
 
 
 def _dequantize(tensor, source: str) -> Tensor:
@@ -408,12 +424,10 @@ def _packable(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> set[str]:
     """The GGUF tensors that only packed layers need."""
     keep = set()
     for _module, parts in _plan(cfg, names):
-        tensors = [names.get(name) for name in parts]
-        kinds = {t.tensor_type.name if t is not None else None for t in tensors}
-        if len(kinds) == 1 and next(iter(kinds)) in BLOCK_BYTES:
+        kinds = {_packed_kind(names.get(name)) for name in parts}
+        if len(kinds) == 1 and None not in kinds:
             keep.update(parts)
-    table = names.get("token_embd.weight")
-    if table is not None and table.tensor_type.name in BLOCK_BYTES:
+    if _packed_kind(names.get("token_embd.weight")) is not None:
         keep.add("token_embd.weight")  # looked up row by row from its blocks
     return keep
 
@@ -422,8 +436,8 @@ def _packed_blocks(names: dict[str, GGUFTensor], parts, heads) -> tuple[torch.Te
     """The rows of blocks of the GGUF tensors ``parts`` stacked (q and k rows unpermuted), or
     None when they are not all of one packable type."""
     tensors = [names.get(name) for name in parts]
-    kinds = {t.tensor_type.name if t is not None else None for t in tensors}
-    if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_BYTES:
+    kinds = {_packed_kind(t) for t in tensors}
+    if len(kinds) != 1 or None in kinds:
         return None
     rows = [
         unpermute(_file_blocks(t), n) if n else _file_blocks(t)
@@ -436,7 +450,7 @@ def pack_linear_layers(
     model: DecoderLM, names: dict[str, GGUFTensor], *, permuted: bool = True
 ) -> None:
     """Replace the model's linear layers with PackedLinear, and its token table with
-    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1 or Q4_K (tied
+    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1, Q4_K or Q5_0 (tied
     embeddings: the output layer and the table share the table's blocks)."""
     cfg = model.cfg
     packed: Counter = Counter()
