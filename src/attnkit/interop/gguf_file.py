@@ -58,11 +58,15 @@ class GGUFFile:
     tensors: list[GGUFTensor]
 
 
+_LENGTH = struct.Struct("<Q")  # a string's length
+
+
 class _Cursor:
     """Reads little-endian values from a buffer, failing with a clear error at its end."""
 
     def __init__(self, buffer, source: str) -> None:
-        self.buffer, self.at, self.source = buffer, 0, source
+        # a memoryview: slicing it is cheap, where slicing a numpy memmap builds an object
+        self.buffer, self.at, self.source = memoryview(buffer).cast("B"), 0, source
 
     def take(self, fmt: str):
         size = struct.calcsize("<" + fmt)
@@ -80,6 +84,22 @@ class _Cursor:
         self.at += n
         return text
 
+    def _strings(self, count: int) -> list[str]:
+        """``count`` strings in a row, read in one loop (``string`` a string at a time)."""
+        view, at, end, length = self.buffer, self.at, len(self.buffer), _LENGTH.unpack_from
+        out = []
+        for _ in range(count):
+            if at + 8 > end:
+                raise ValueError(f"it ends at byte {end}, inside its header")
+            (n,) = length(view, at)
+            at += 8
+            if at + n > end:
+                raise ValueError(f"a string of {n} bytes runs past the end of the file")
+            out.append(str(view[at : at + n], "utf-8", "replace"))
+            at += n
+        self.at = at
+        return out
+
     def value(self, kind: int):
         if kind == _STRING:
             return self.string()
@@ -92,6 +112,8 @@ class _Cursor:
                 array = np.frombuffer(self.buffer, dtype, count, self.at)
                 self.at += count * dtype.itemsize
                 return array.tolist()
+            if item == _STRING:  # a tokenizer's vocabulary and merges: hundreds of thousands
+                return self._strings(count)
             return [self.value(item) for _ in range(count)]
         if kind not in _SCALARS:
             raise ValueError(f"unknown metadata value type {kind}")
