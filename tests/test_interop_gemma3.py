@@ -87,7 +87,7 @@ LLAMA_CPP_GREEDY = {
 @pytest.mark.needs("gemma3")
 def test_the_shipped_gemma3_gguf_generates_as_llama_cpp_does():
     """Gemma 3 270M (Q4_K_M) from its GGUF file: the tokenizer in the file, the packed layers
-    (Q4_K and Q8_0 stay in their blocks, Q5_0 becomes Q8_0 blocks exactly, Q6_K float32), and
+    (Q4_K, Q6_K and Q8_0 stay in their blocks, Q5_0 becomes Q8_0 blocks exactly), and
     greedy tokens that agree with llama.cpp's over the recorded prompts (the first 11 of 12 on
     the first: the 12th is a near tie that llama.cpp's 8-bit activations break the other
     way)."""
@@ -95,10 +95,8 @@ def test_the_shipped_gemma3_gguf_generates_as_llama_cpp_does():
 
     model = ak.from_pretrained("gemma3", dequantize=False).eval()
     tokenizer = load_tokenizer_for("gemma3")
-    assert model.cfg.extra["weights"] == {
-        "packed": {"Q8_0": 56, "Q4_K": 27},
-        "float32": {"down": 9},
-    }
+    packed = {"Q8_0": 56, "Q4_K": 27, "Q6_K": 9}
+    assert model.cfg.extra["weights"] == {"packed": packed, "float32": {}}
     assert [model.cfg.layer_attention(i)[0] for i in range(6)] == ["window"] * 5 + ["full"]
     for prompt, expected in LLAMA_CPP_GREEDY.items():
         ids = tokenizer.encode(prompt)

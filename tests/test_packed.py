@@ -21,7 +21,8 @@ from attnkit.accel.packed import (
 )
 from attnkit.interop.gguf import read_gguf
 
-KINDS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K"]
+KINDS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+K_QUANTS = {"Q4_K": (Q.Q4_K, 144), "Q6_K": (Q.Q6_K, 210)}  # GGUF super-blocks of 256 weights
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -30,6 +31,8 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tenso
     random GGUF super-blocks repacked as PackedLinear keeps them."""
     if kind == "Q4_K":
         return packed.repack_q4_k(q4_k_file_blocks(rows, cols, seed))
+    if kind == "Q6_K":
+        return packed.repack_q6_k(q6_k_file_blocks(rows, cols, seed))
     rng = np.random.default_rng(seed)
     n_bytes = BLOCK_BYTES[kind]
     blocks = rng.integers(0, 256, (rows * cols // 32, n_bytes), dtype=np.uint8)
@@ -55,12 +58,23 @@ def q4_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(blocks.reshape(rows, -1))
 
 
+def q6_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random Q6_K rows as a GGUF file stores them (210 bytes per 256 weights: 6-bit integers,
+    16 int8 scales, a float16 d that takes the extremes)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
+    factors = rng.normal(0, 0.01, len(blocks)).astype(np.float16)
+    factors[: min(4, len(blocks))] = [65504.0, 6e-8, 0.0, -1.0][: min(4, len(blocks))]
+    blocks[:, 208:210] = factors.view(np.uint8).reshape(-1, 2)
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_dequantize_is_gguf_quants_bit_for_bit(kind):
     blocks = random_blocks(kind, 8, 256)
-    if kind == "Q4_K":  # the repacked blocks give what gguf makes of the file's super-blocks
-        file_blocks = q4_k_file_blocks(8, 256)
-        want = gguf.quants.dequantize(file_blocks.numpy(), Q.Q4_K).ravel()
+    if kind in K_QUANTS:  # the repacked blocks give what gguf makes of the file's super-blocks
+        file_blocks = (q4_k_file_blocks if kind == "Q4_K" else q6_k_file_blocks)(8, 256)
+        want = gguf.quants.dequantize(file_blocks.numpy(), K_QUANTS[kind][0]).ravel()
     else:
         want = gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)).ravel()
     assert np.array_equal(dequantize(blocks, kind).numpy(), want, equal_nan=True)
@@ -87,7 +101,7 @@ def test_packed_products_equal_the_float32_product(kind, rows):
     a GEMM on the dequantized weight) give the dequantized product, to float32
     accumulation-order error."""
     assert packed_kernel() is not None  # make test builds the kernels at install
-    cols = 512 if kind == "Q4_K" else 320  # a Q4_K row is whole super-blocks of 256
+    cols = 512 if kind in K_QUANTS else 320  # a K-quant row is whole super-blocks of 256
     blocks = random_blocks(kind, 96, cols, seed=rows)
     layer = PackedLinear(blocks, kind, cols)
     weight = dequantize(blocks, kind).reshape(96, cols)  # gguf.quants' values (tested above)

@@ -615,7 +615,8 @@ def test_thirty_two_clients_against_a_bounded_queue(tmp_path):
     bounded and it keeps serving."""
     questions = [f"What is {a} plus {a}?" for a in range(32)]
     body = {"max_tokens": 8, "temperature": 0}
-    with serving(tmp_path / "serve.log", "--max-batch", "8", "--max-queue", "16") as url:
+    options = ("--max-batch", "8", "--max-queue", "16")
+    with serving(tmp_path / "serve.log", *options, env=FLOAT32) as url:
 
         def ask(question):
             messages = [{"role": "user", "content": question}]

@@ -10,6 +10,8 @@
  *   Q4_1  20 bytes: float16 d, float16 m, 16 bytes       w = d * q + m
  *   Q4_K  24 bytes: float32 d, float32 m, 16 bytes       w = d * q + m  (a GGUF Q4_K
  *         super-block's 32-weight groups, repacked at load: d and m are exact in float32)
+ *   Q6_K  40 bytes: float32 d_a, d_b, 32 int8 q           w = d_a q (weights 0-15), d_b q
+ *         (16-31)  (a GGUF Q6_K super-block's 32-weight groups, repacked at load)
  *
  * In the 16 bytes of a 4-bit block, the low nibbles are weights 0-15, the high ones 16-31.
  * A block's share of y is computed as d * (q . x_b) + m * sum(x_b): the integers q become
@@ -99,6 +101,23 @@ static inline void load_q8_0(const uint8_t *b, vec *w, float *d, float *m) {
     *m = 0.0f;
     i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 2)), w);
     i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 18)), w + NV / 2);
+}
+
+/* Q6_K, repacked (repack_q6_k): float32 d_a and d_b, each 16 weights' d * scale, then 32
+ * int8 q - 32. The weights come out as d_a q (rounded once, as gguf's dequantization) with
+ * d = 1 and m = 0. */
+static inline void load_q6_k(const uint8_t *b, vec *w, float *d, float *m) {
+    float da, db;
+    memcpy(&da, b, 4);
+    memcpy(&db, b + 4, 4);
+    *d = 1.0f;
+    *m = 0.0f;
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 8)), w);
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 24)), w + NV / 2);
+    for (int v = 0; v < NV / 2; v++) {
+        w[v] = vmul(w[v], vset1(da));
+        w[v + NV / 2] = vmul(w[v + NV / 2], vset1(db));
+    }
 }
 
 #if LANES == 16
@@ -195,6 +214,15 @@ static inline void load_q4_k(const uint8_t *b, float *w, float *d, float *m) {
     for (int j = 0; j < QK / 2; j++) w[j] = (float)(b[8 + j] & 15);
     for (int j = 0; j < QK / 2; j++) w[j + QK / 2] = (float)(b[8 + j] >> 4);
 }
+
+static inline void load_q6_k(const uint8_t *b, float *w, float *d, float *m) {
+    float da, db;
+    memcpy(&da, b, 4);
+    memcpy(&db, b + 4, 4);
+    *d = 1.0f;
+    *m = 0.0f;
+    for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)b[8 + j] * (j < QK / 2 ? da : db);
+}
 #endif
 
 /* Block b's share for rows r < ROWS of x, against the output row at `row`:
@@ -275,20 +303,23 @@ PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
 PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
 PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
 PACKED_MATMUL(matmul_q4_k, load_q4_k, 24)
+PACKED_MATMUL(matmul_q6_k, load_q6_k, 40)
 DEQUANTIZE(dequantize_q8_0, load_q8_0, 34)
 DEQUANTIZE(dequantize_q4_0, load_q4_0, 18)
 DEQUANTIZE(dequantize_q4_1, load_q4_1, 20)
 DEQUANTIZE(dequantize_q4_k, load_q4_k, 24)
+DEQUANTIZE(dequantize_q6_k, load_q6_k, 40)
 
 /* W (N rows of K weights) as float32, out: (N, K). d * q is exact in float32 in every format,
  * so d * q + m rounds once, as gguf's dequantization does: the values are the same bit for bit.
  * Returns 0, or -1 for arguments it cannot take. */
 int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int threads) {
-    if (K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
+    if (K % QK || threads < 1 || kind < 0 || kind > 4) return -1;
     if (kind == 0) dequantize_q8_0(W, out, N, K, threads);
     else if (kind == 1) dequantize_q4_0(W, out, N, K, threads);
     else if (kind == 2) dequantize_q4_1(W, out, N, K, threads);
-    else dequantize_q4_k(W, out, N, K, threads);
+    else if (kind == 3) dequantize_q4_k(W, out, N, K, threads);
+    else dequantize_q6_k(W, out, N, K, threads);
     return 0;
 }
 
@@ -526,16 +557,19 @@ int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int
  * t * TILE .. + TILE - 1 of block column b, in as many bytes as the blocks it replaces:
  *
  *   code  from   scales (w = d q + m)                          then
- *   4     Q8_0   float16 d[TILE]; m = -128 d (VNNI) or 0       8 chunks of TILE x 4 bytes
- *   5     Q4_0   float16 d[TILE]; m = -8 d                     4 chunks of TILE x 4 bytes
- *   6     Q4_1   float16 d[TILE], float16 m[TILE]              4 chunks
- *   7     Q4_K   float32 d[TILE], float32 m[TILE] (repacked)   4 chunks
+ *   8     Q8_0   float16 d[TILE]; m = -128 d (VNNI) or 0       8 chunks of TILE x 4 bytes
+ *   9     Q4_0   float16 d[TILE]; m = -8 d                     4 chunks of TILE x 4 bytes
+ *   10    Q4_1   float16 d[TILE], float16 m[TILE]              4 chunks
+ *   11    Q4_K   float32 d[TILE], float32 m[TILE] (repacked)   4 chunks
+ *   12    Q6_K   float32 d_a[TILE], d_b[TILE], c[TILE]         8 chunks (signed q)
  *
  * 4-bit chunk c, row i, byte j holds weight 8c + j in its low nibble and 8c + 4 + j in its high
  * one: its low nibbles meet x's bytes 8c .. 8c + 3 (broadcast to every row's lane), its high
  * nibbles bytes 8c + 4 .. 8c + 7. Q8_0 chunk c, row i, byte j holds weight 4c + j: with VNNI
  * (unsigned x signed bytes) as q + 128, the offset taken back by m; with AVX2 as q, and the
- * product takes |q| against x with q's sign.
+ * product takes |q| against x with q's sign. Q6_K's chunks hold q signed, in Q8_0's order, with
+ * two scales per row (weights 0-15, 16-31); with VNNI x is the unsigned side, as x + 128, and
+ * c = -128 (d_a sum(q_a) + d_b sum(q_b)) takes the offset back (0 with AVX2).
  *
  * TILE is 16 with AVX-512 VNNI (a 512-bit register: 16 rows x 4 bytes), 8 elsewhere.
  * ------------------------------------------------------------------------------------------ */
@@ -545,18 +579,18 @@ int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int
 #define TILE 8
 #endif
 #define Q8_OFFSET (INT8_PATH >= 2) /* Q8_0 tiles hold q + 128 (VNNI) */
-static const int tile_head[4] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE}; /* scale bytes */
-static const int tile_bytes[4] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE};
+static const int tile_head[5] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE, 12 * TILE}; /* scales */
+static const int tile_bytes[5] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE, 44 * TILE};
 
 /* Rows per tile in this build (16 or 8). */
 int packed_tile_rows(void) { return TILE; }
 
-/* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1 or 3 Q4_K repacked) -> tiles, out:
- * N / TILE * K / 32 tiles of tile_bytes[kind] (code 4 + kind). Returns 0, or -1 for arguments
- * it cannot take. */
+/* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K or 4 Q6_K, the last two
+ * repacked) -> tiles, out: N / TILE * K / 32 tiles of tile_bytes[kind] (code 8 + kind).
+ * Returns 0, or -1 for arguments it cannot take. */
 int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
-    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 3) return -1;
-    static const int bytes[4] = {34, 18, 20, 24}, at[4] = {2, 2, 4, 8};
+    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 4) return -1;
+    static const int bytes[5] = {34, 18, 20, 24, 40}, at[4] = {2, 2, 4, 8};
     const int nb = K / QK;
     for (int t = 0; t < N / TILE; t++)
         for (int b = 0; b < nb; b++) {
@@ -564,6 +598,24 @@ int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
             uint8_t *chunks = tile + tile_head[kind];
             for (int i = 0; i < TILE; i++) {
                 const uint8_t *block = W + ((size_t)(t * TILE + i) * nb + b) * bytes[kind];
+                if (kind == 4) { /* Q6_K: d_a, d_b, the offset's correction, signed q */
+                    float da, db, c = 0.0f;
+                    int sa = 0, sb = 0;
+                    memcpy(&da, block, 4);
+                    memcpy(&db, block + 4, 4);
+                    for (int j = 0; j < QK / 2; j++) {
+                        sa += (int8_t)block[8 + j];
+                        sb += (int8_t)block[8 + QK / 2 + j];
+                    }
+                    if (Q8_OFFSET) c = -128.0f * (da * (float)sa + db * (float)sb);
+                    memcpy(tile + 4 * i, &da, 4);
+                    memcpy(tile + 4 * (TILE + i), &db, 4);
+                    memcpy(tile + 4 * (2 * TILE + i), &c, 4);
+                    for (int k = 0; k < 8; k++)
+                        for (int j = 0; j < 4; j++)
+                            chunks[(k * TILE + i) * 4 + j] = block[8 + 4 * k + j];
+                    continue;
+                }
                 if (kind == 3) {
                     memcpy(tile + 4 * i, block, 4);
                     memcpy(tile + 4 * (TILE + i), block + 4, 4);
@@ -718,13 +770,58 @@ TILE_MATMUL(tile_matmul_q4_0, SCALES_Q4_0, tile_dot_q4, 1)
 TILE_MATMUL(tile_matmul_q4_1, SCALES_Q4_1, tile_dot_q4, 2)
 TILE_MATMUL(tile_matmul_q4_k, SCALES_Q4_K, tile_dot_q4, 3)
 
-/* The tiles' product (code 4 + kind), inside a parallel region. */
+/* A Q6_K tile's chunks against qb: the dot products of weights 0-15 (lo) and 16-31 (hi). */
+static inline void tile_dot_q6(const uint8_t *chunks, const int8_t *qb, TINT *lo, TINT *hi) {
+    TINT acc[4] = {ti_zero(), ti_zero(), ti_zero(), ti_zero()};
+    for (int k = 0; k < 8; k++) {
+        const int at = (k / 4) * 2 + (k & 1); /* two accumulators per half */
+        const TINT v = ti_load(chunks + k * 4 * TILE);
+#if Q8_OFFSET
+        acc[at] = ti_dot(acc[at], ti_set1_32(four(qb + 4 * k) ^ (int32_t)0x80808080), v);
+#else
+        const TINT x4 = ti_set1_32(four(qb + 4 * k));
+        acc[at] = ti_dot(acc[at], _mm256_sign_epi8(v, v), _mm256_sign_epi8(x4, v));
+#endif
+    }
+    *lo = ti_add(acc[0], acc[1]);
+    *hi = ti_add(acc[2], acc[3]);
+}
+
+static void tile_matmul_q6_k(const uint8_t *T, const int8_t *qx, const float *dx,
+                             const float *xs, float *y, int rows, int N, int K, int add) {
+    (void)xs;
+    const int nb = K / QK;
+#pragma omp for schedule(static)
+    for (int t = 0; t < N / TILE; t++) {
+        TVEC acc[MAX_ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = tv_zero();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *tile = T + ((size_t)t * nb + b) * tile_bytes[4];
+            const TVEC da = tv_load((const float *)tile), db = tv_load((const float *)tile + TILE);
+            const TVEC c = tv_load((const float *)tile + 2 * TILE);
+            for (int r = 0; r < rows; r++) {
+                const size_t at = (size_t)r * nb + b;
+                TINT lo, hi;
+                tile_dot_q6(tile + tile_head[4], qx + at * QK, &lo, &hi);
+                TVEC sum = tv_fmadd(tv_float(lo), da, tv_mul(tv_float(hi), db));
+                acc[r] = tv_fmadd(tv_add(sum, c), tv_set1(dx[at]), acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            float *out = y + (size_t)r * N + (size_t)t * TILE;
+            tv_store(out, add ? tv_add(tv_load(out), acc[r]) : acc[r]);
+        }
+    }
+}
+
+/* The tiles' product (code 8 + kind), inside a parallel region. */
 static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const float *dx,
                         const float *xs, float *y, int rows, int N, int K, int add) {
-    if (code == 4) tile_matmul_q8_0(T, qx, dx, xs, y, rows, N, K, add);
-    else if (code == 5) tile_matmul_q4_0(T, qx, dx, xs, y, rows, N, K, add);
-    else if (code == 6) tile_matmul_q4_1(T, qx, dx, xs, y, rows, N, K, add);
-    else tile_matmul_q4_k(T, qx, dx, xs, y, rows, N, K, add);
+    if (code == 8) tile_matmul_q8_0(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 9) tile_matmul_q4_0(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 10) tile_matmul_q4_1(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 11) tile_matmul_q4_k(T, qx, dx, xs, y, rows, N, K, add);
+    else tile_matmul_q6_k(T, qx, dx, xs, y, rows, N, K, add);
 }
 
 #else /* plain C */
@@ -736,9 +833,10 @@ static inline int tile_weight(const uint8_t *chunks, int q8, int i, int k) {
     return k % 8 < 4 ? byte & 15 : byte >> 4;
 }
 
-/* Row i's scale d and minimum m in a tile of `kind`. */
+/* Row i's scale d and minimum m in a tile of `kind` (Q6_K: d for the first 16 weights, m for
+ * the last 16). */
 static inline void tile_scales(const uint8_t *tile, int kind, int i, float *d, float *m) {
-    if (kind == 3) {
+    if (kind == 3 || kind == 4) {
         memcpy(d, tile + 4 * i, 4);
         memcpy(m, tile + 4 * (TILE + i), 4);
         return;
@@ -749,7 +847,7 @@ static inline void tile_scales(const uint8_t *tile, int kind, int i, float *d, f
 
 static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const float *dx,
                         const float *xs, float *y, int rows, int N, int K, int add) {
-    const int nb = K / QK, kind = code - 4;
+    const int nb = K / QK, kind = code - 8;
 #pragma omp for schedule(static)
     for (int t = 0; t < N / TILE; t++) {
         float total[MAX_ROWS][TILE] = {{0}};
@@ -760,11 +858,15 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
                 tile_scales(tile, kind, i, &d, &m);
                 for (int r = 0; r < rows; r++) {
                     const size_t at = (size_t)r * nb + b;
-                    int dot = 0;
-                    for (int k = 0; k < QK; k++)
-                        dot += tile_weight(tile + tile_head[kind], kind == 0, i, k) *
-                               qx[at * QK + k];
-                    total[r][i] += d * dx[at] * (float)dot + m * xs[at];
+                    int dot = 0, high = 0; /* Q6_K: weights 16-31 apart */
+                    for (int k = 0; k < QK; k++) {
+                        const int p = tile_weight(tile + tile_head[kind], kind == 0 || kind == 4,
+                                                  i, k) * qx[at * QK + k];
+                        if (kind == 4 && k >= QK / 2) high += p;
+                        else dot += p;
+                    }
+                    if (kind == 4) total[r][i] += (d * (float)dot + m * (float)high) * dx[at];
+                    else total[r][i] += d * dx[at] * (float)dot + m * xs[at];
                 }
             }
         }
@@ -777,12 +879,12 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
 }
 #endif
 
-/* packed_matmul_int8 for tiles (packed_tile's output, code 4 + the blocks' kind): the same
+/* packed_matmul_int8 for tiles (packed_tile's output, code 8 + the blocks' kind): the same
  * arguments and returns. */
 int packed_matmul_tiles(int code, const uint8_t *T, const float *x, float *y, int rows, int N,
                         int K, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || code < 4 ||
-        code > 7)
+    if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || code < 8 ||
+        code > 12)
         return -1;
     const size_t nb = (size_t)rows * (K / QK);
     int8_t *qx = malloc((size_t)rows * K + sizeof(float) * 2 * nb);
@@ -812,7 +914,8 @@ static void matmul(int kind, const uint8_t *W, const float *x, const float *sums
     if (kind == 0) matmul_q8_0(W, x, sums, y, rows, N, K, add);
     else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, add);
     else if (kind == 2) matmul_q4_1(W, x, sums, y, rows, N, K, add);
-    else matmul_q4_k(W, x, sums, y, rows, N, K, add);
+    else if (kind == 3) matmul_q4_k(W, x, sums, y, rows, N, K, add);
+    else matmul_q6_k(W, x, sums, y, rows, N, K, add);
 }
 
 /* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N),
@@ -822,7 +925,7 @@ static void matmul(int kind, const uint8_t *W, const float *x, const float *sums
  * Returns 0, or -1 for arguments it cannot take, -2 when out of memory. */
 int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
                   int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
+    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 4) return -1;
     float *sums = malloc(sizeof(float) * (size_t)rows * (K / QK));
     if (sums == NULL) return -2;
     block_sums(x, sums, rows, K);
@@ -847,7 +950,7 @@ int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows
  *
  * with act SiLU (SwiGLU) or GELU with tanh (GeGLU), and the bracketed norms only where the
  * layer has them. A product's weights are packed blocks, tiles (integer path), or float32
- * (kind 8: (N, K) rows; kind 9: (K, N), as accel.decoding lays a linear layer out).
+ * (kind 16: (N, K) rows; kind 17: (K, N), as accel.decoding lays a linear layer out).
  * ------------------------------------------------------------------------------------------ */
 /* LlamaLayer (the layer's sizes, norms and weights) is defined in structs.h */
 
@@ -885,11 +988,11 @@ static void rope(const float *x, float *out, int d, const float *cos_sin) {
  * keys and values and (rows, max_len) positions; this step writes slot `length` and attends
  * over slots 0..length. valid: (rows, length + 1) flags of the keys a row may attend to, or
  * NULL for all of them. Returns 0, -1 for arguments it cannot take, -2 when out of memory. */
-/* y (rows, N) = or += x (rows, K) W^T for float32 weights, inside a parallel region: kind 8,
- * W (N, K) rows; kind 9, W^T (K, N) (each column block of y summed over k). */
+/* y (rows, N) = or += x (rows, K) W^T for float32 weights, inside a parallel region: kind 16,
+ * W (N, K) rows; kind 17, W^T (K, N) (each column block of y summed over k). */
 static void float_matmul(int kind, const float *W, const float *x, float *y, int rows, int N,
                          int K, int add) {
-    if (kind == 8) {
+    if (kind == 16) {
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++)
             for (int r = 0; r < rows; r++) {
@@ -934,9 +1037,9 @@ static inline float gelu_tanh(float g) {
 /* kinds 8 and 9: float32 weights, read from X itself */
 #define PRODUCT(I, X, Y, N_, K_, ADD)                                                          \
     do {                                                                                       \
-        if (L->kind[I] >= 8)                                                                   \
+        if (L->kind[I] >= 16)                                                                  \
             float_matmul(L->kind[I], (const float *)L->weight[I], X, Y, rows, N_, K_, ADD);   \
-        else if (L->kind[I] >= 4)                                                              \
+        else if (L->kind[I] >= 8)                                                              \
             tile_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD);         \
         else if (integer) int_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
         else matmul(L->kind[I], L->weight[I], X, sums, Y, rows, N_, K_, ADD);                 \
@@ -960,12 +1063,12 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
         (ring && (valid == NULL || max_len != L->window)) || L->activation < 0 ||
         L->activation > 1)
         return -1;
-    for (int i = 0; i < 5; i++) /* kinds 4-7: tiles, read on the integer path only */
-        if (L->kind[i] < 0 || L->kind[i] > 9 || (L->kind[i] >= 4 && L->kind[i] < 8 && !L->integer))
-            return -1;
-    for (int i = 0; i < 5; i++) /* tiles are whole */
-        if (L->kind[i] >= 4 && L->kind[i] < 8 && (Nqkv % TILE || D % TILE || F % TILE))
-            return -1;
+    for (int i = 0; i < 5; i++) { /* 0-4 blocks, 8-12 tiles (integer path), 16-17 float32 */
+        const int k = L->kind[i];
+        if (k < 0 || (k > 4 && k < 8) || (k > 12 && k < 16) || k > 17) return -1;
+        if (k >= 8 && k <= 12 && (!L->integer || Nqkv % TILE || D % TILE || F % TILE)) return -1;
+        if (k == 4 && L->integer) return -1; /* Q6_K blocks: the float32 path only */
+    }
     int widest = D > F ? D : F; /* the longest row whose block sums are kept */
     widest = widest > A ? widest : A;
     /* floats per row, then (integer path) the row's int8 values */

@@ -57,13 +57,15 @@ __all__ = [
     "register_operator",
     "repack_q4_k",
     "repack_q5_0",
+    "repack_q6_k",
     "use_integer_products",
 ]
 
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24}  # bytes per block of 32 weights
-_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
-TILE_CODES = {"Q8_0": 4, "Q4_0": 5, "Q4_1": 6, "Q4_K": 7}  # packed_tile's output of each kind
-TILE_BYTES = BLOCK_BYTES  # per row of 32 weights: as many as the blocks
+# bytes per block of 32 weights (Q4_K and Q6_K: as repack_q4_k and repack_q6_k keep them)
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24, "Q6_K": 40}
+_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4}
+TILE_CODES = {kind: 8 + code for kind, code in _KIND_CODES.items()}  # packed_tile's output
+TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
@@ -93,6 +95,10 @@ def dequantize(blocks: Tensor, kind: str) -> Tensor:
         d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
         qs = blocks[:, 8:]
         return (d * torch.cat([qs & 0x0F, qs >> 4], dim=1).float() + m).ravel()
+    if kind == "Q6_K":
+        d_a, d_b = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
+        q = blocks[:, 8:].contiguous().view(torch.int8).float()
+        return torch.cat([d_a * q[:, :16], d_b * q[:, 16:]], dim=1).ravel()
     if kind == "Q8_0":
         return (blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)).ravel()
     qs = blocks[:, 4:] if kind == "Q4_1" else blocks[:, 2:]
@@ -140,6 +146,32 @@ def repack_q5_0(data: Tensor) -> Tensor:
     low = torch.cat([qs & 0x0F, qs >> 4], dim=1).to(torch.int32)  # (B, 32)
     q = (low | (bits << 4)) - 16  # in -16..15
     return torch.cat([blocks[:, :2], q.to(torch.int8).view(torch.uint8)], dim=1).reshape(rows, -1)
+
+
+Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 256 weights
+
+
+def repack_q6_k(data: Tensor) -> Tensor:
+    """GGUF Q6_K rows, uint8 (rows, n / 256 * 210), -> the blocks PackedLinear keeps for them,
+    uint8 (rows, n / 32 * 40).
+
+    A Q6_K super-block holds 256 6-bit integers q (4 low bits in ``ql``, 2 high ones in
+    ``qh``), 16 int8 scales (one per 16 weights) and a float16 d: ``w = (d scale) (q - 32)``.
+    Each group of 32 becomes a block of its own: float32 ``d scale`` for its first and its
+    last 16 weights (exact products) and its 32 ``q - 32`` as int8, so that ``d_a q`` rounds
+    once, as ``gguf.quants`` computes it."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, Q6_K_BYTES)  # (S, 210)
+    n = len(blocks)
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()  # (S, 16)
+    d = blocks[:, 208:210].contiguous().view(torch.float16).float()  # (S, 1)
+    low = (ql.reshape(n, -1, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8)[:, None]) & 15
+    high = (qh.reshape(n, -1, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3
+    q = (low.reshape(n, -1, 32) | (high.reshape(n, -1, 32) << 4)).to(torch.int8) - 32  # (S, 8, 32)
+    halves = (d * scales).reshape(n, 8, 2)  # each 16 weights' d * scale, exact in float32
+    parts = [halves[..., i : i + 1].contiguous().view(torch.uint8) for i in (0, 1)]  # (S, 8, 4)
+    return torch.cat([*parts, q.view(torch.uint8)], dim=-1).reshape(rows, -1)  # (rows, 8 * 40)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +265,8 @@ class PackedLinear(nn.Module):
             self.tiles = None
         elif self.tiles is None:
             self.tiles = _tiled(self.blocks, self.kind, self.in_features)
+            if self.tiles is None and self.kind == "Q6_K":  # integer Q6_K is tiles only
+                self.integer = False
 
     def extra_repr(self) -> str:
         integer = ", int8 activations" if self.integer else ""
@@ -342,7 +376,7 @@ def _packed_product(
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
     library = packed_kernel()
-    if kind >= 4:  # tiles
+    if kind >= 8:  # tiles (TILE_CODES)
         kernel = library.packed_matmul_tiles
     else:
         kernel = library.packed_matmul_int8 if integer else library.packed_matmul

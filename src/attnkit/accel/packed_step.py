@@ -174,7 +174,7 @@ def _weights(product: nn.Module) -> Tensor | None:
 def _code(product: nn.Module) -> int:
     if isinstance(product, PackedLinear):
         return _KIND_CODES[product.kind] if product.tiles is None else TILE_CODES[product.kind]
-    return 8 if product.weight.is_contiguous() else 9  # float32 (N, K), or (K, N)
+    return 16 if product.weight.is_contiguous() else 17  # float32 (N, K), or (K, N)
 
 
 class PackedDecoder:

@@ -57,6 +57,7 @@ from attnkit.accel.packed import (
     PackedLinear,
     repack_q4_k,
     repack_q5_0,
+    repack_q6_k,
 )
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
@@ -303,9 +304,12 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
 
 
-# The file's block types that stay packed, and the kind PackedLinear keeps them as: Q4_K and
-# Q5_0 are repacked on the way in (repack_q4_k, repack_q5_0), the others kept as they are.
-PACKED_KINDS = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q5_0": "Q8_0"}
+# The file's block types that stay packed, and the kind PackedLinear keeps them as: Q4_K, Q6_K
+# and Q5_0 are repacked on the way in (repack_q4_k, repack_q6_k, repack_q5_0), the others kept
+# as they are.
+PACKED_KINDS = {
+    "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q6_K": "Q6_K", "Q5_0": "Q8_0",
+}  # fmt: skip
 
 
 def _packed_kind(tensor: GGUFTensor | None) -> str | None:
@@ -313,10 +317,11 @@ def _packed_kind(tensor: GGUFTensor | None) -> str | None:
 
 
 def _file_blocks(tensor: GGUFTensor) -> Tensor:
-    """A packable tensor's rows of blocks: a view of the file, or for Q4_K and Q5_0 a repacked
-    copy."""
+    """A packable tensor's rows of blocks: a view of the file, or for Q4_K, Q6_K and Q5_0 a
+    repacked copy."""
     blocks = torch.from_numpy(tensor.data)  # (out, bytes per row)
-    repack = {"Q4_K": repack_q4_k, "Q5_0": repack_q5_0}.get(tensor.tensor_type.name)
+    repack = {"Q4_K": repack_q4_k, "Q6_K": repack_q6_k, "Q5_0": repack_q5_0}
+    repack = repack.get(tensor.tensor_type.name)
     return blocks if repack is None else repack(blocks)
 
 
