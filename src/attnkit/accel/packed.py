@@ -1,4 +1,4 @@
-"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1, Q4_K).
+"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
 
 Decoding a token multiplies one row by every weight matrix, so its speed is set by the bytes
 of weights read per token (``bench/gguf_kernel.py``: on a 2-core EPYC both float32 ``F.linear``

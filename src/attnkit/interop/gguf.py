@@ -455,8 +455,8 @@ def pack_linear_layers(
     model: DecoderLM, names: dict[str, GGUFTensor], *, permuted: bool = True
 ) -> None:
     """Replace the model's linear layers with PackedLinear, and its token table with
-    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1, Q4_K or Q5_0 (tied
-    embeddings: the output layer and the table share the table's blocks)."""
+    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1, Q4_K, Q6_K or
+    Q5_0 (tied embeddings: the output layer and the table share the table's blocks)."""
     cfg = model.cfg
     packed: Counter = Counter()
     kept: Counter = Counter()

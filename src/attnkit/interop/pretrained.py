@@ -132,9 +132,9 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
     - ``None`` (the default): a GGUF file is dequantized to float32, and a directory that a
       quantized model (:func:`attnkit.quantize`) was saved to keeps its packed layers;
     - ``True``: every weight is float32, packed layers included (for training, or a GPU);
-    - ``False``: blocks are kept: a GGUF file's Q8_0, Q4_0, Q4_1 and Q4_K linear layers stay
-      in them (:func:`attnkit.interop.gguf.load_gguf`), and a quantized directory loads as
-      saved: faster decoding, less memory, for inference only.
+    - ``False``: blocks are kept: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (and Q5_0, as
+      Q8_0) linear layers stay in them (:func:`attnkit.interop.gguf.load_gguf`), and a
+      quantized directory loads as saved: faster decoding, less memory, for inference only.
 
     Other formats hold no blocks and load the same either way."""
     if dequantize not in (None, True, False):
