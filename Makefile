@@ -102,7 +102,8 @@ bench: $(KERNELS)
 	# transformers reads a GGUF file only with accelerate installed (the Hugging Face column).
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/pip install accelerate==1.15.0 psutil==7.2.2
 	$(BIN)/python bench/gguf_kernel.py
-	$(BIN)/python bench/gguf_speed.py
+	$(BIN)/python bench/gguf_speed.py --model smollm2
+	$(BIN)/python bench/gguf_speed.py --model gemma3
 	$(BIN)/python bench/gguf_decode.py
 	$(BIN)/python bench/gguf_profile.py
 	$(BIN)/python bench/gguf_agreement.py

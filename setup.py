@@ -13,6 +13,7 @@ No C compiler, or a variant the compiler cannot build: the install goes on and s
 attnkit runs those steps on PyTorch (``attnkit info`` shows which kernels are there).
 """
 
+import os
 import platform
 import runpy
 import shlex
@@ -32,7 +33,12 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 class BuildKernels(build_ext):
     """Compiles each variant's library with the C compiler directly (one command, the variant's
     flags; distutils' own compile step would add Python's flags and share object files between
-    variants of the same sources)."""
+    variants of the same sources). The variants compile side by side, one per core."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
 
     def build_extension(self, ext: Extension) -> None:
         target = Path(self.get_ext_fullpath(ext.name))
