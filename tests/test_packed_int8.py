@@ -47,7 +47,7 @@ def test_the_reference_rounds_ties_to_even():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
-    """Rows of blocks, and the same blocks repacked into tiles."""
+    """Blocks repacked into tiles, and the tiles' product with x rounded to int8."""
     kernel = native.load(variant)
     tile = kernel.packed_tile_rows()
     assert tile == (16 if variant in ("amx", "vnni") else 8)
@@ -60,25 +60,20 @@ def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
         for rows in (1, 5, packed.MAX_ROWS):
             x = rows_of(torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)))
             y = torch.empty(rows, 48)
-            pointers = (blocks.data_ptr(), x.data_ptr(), y.data_ptr())
-            rows_status = kernel.packed_matmul_int8(code, *pointers, rows, 48, 512, 2)
-            assert rows_status == (-1 if kind == "Q6_K" else 0)  # Q6_K: integer in tiles only
-            if rows_status == 0:
-                check(y, x, weight, (variant, kind, rows))
-            y = torch.empty(rows, 48)
             tile_pointers = (tiles.data_ptr(), x.data_ptr(), y.data_ptr())
             tile_code = packed.TILE_CODES[kind]
             assert kernel.packed_matmul_tiles(tile_code, *tile_pointers, rows, 48, 512, 2) == 0
             check(y, x, weight, (variant, kind, rows, "tiles"))
-        assert kernel.packed_matmul_int8(0, *pointers, packed.MAX_ROWS + 1, 48, 512, 2) == -1
+        too_many = packed.MAX_ROWS + 1
+        assert kernel.packed_matmul_tiles(tile_code, *tile_pointers, too_many, 48, 512, 2) == -1
         assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), tile + 1, 512) == -1
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_packed_linear_on_the_integer_path(kind):
     """Through the layer: any number of rows on the integer path (a prompt too), in calls of
-    MAX_ROWS, each row alone; a layer whose rows do not make whole tiles takes int8 rows of
-    blocks."""
+    MAX_ROWS, each row alone; a layer whose rows make no whole tiles stays on the float32
+    path."""
     cols = 512
     blocks = random_blocks(kind, 64, cols, seed=7)
     weight = dequantize(blocks, kind).reshape(64, cols)
@@ -96,12 +91,9 @@ def test_a_packed_linear_on_the_integer_path(kind):
     assert x.numel() * 2 > packed.PROMPT_ROWS * cols  # a prompt, for the float32 path
     check(prompt, torch.cat([x, x]), weight, (kind, "prompt"))
     odd = PackedLinear(blocks[:40].contiguous(), kind, cols, integer=True)  # not whole tiles
-    assert odd.tiles is None and odd.integer == (kind != "Q6_K")  # Q6_K: float32 path
+    assert odd.tiles is None and not odd.integer
     with torch.no_grad():
-        if odd.integer:
-            check(odd(x), x, weight[:40], (kind, "rows"))
-        else:
-            torch.testing.assert_close(odd(x), F.linear(x, weight[:40]), rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(odd(x), F.linear(x, weight[:40]), rtol=1e-4, atol=1e-3)
     layer.set_integer(False)
     assert layer.tiles is None and not layer.integer
 
@@ -111,8 +103,8 @@ def test_the_integer_error_is_the_rounding_of_x():
     about what 8-bit rounding of x gives (max |x| / 254 per block), far below the weights' own
     4-bit error; and use_integer_products switches every packed layer of a model."""
     blocks = random_blocks("Q4_1", 256, 1024, seed=11)
-    weight = dequantize(blocks, "Q4_1").reshape(256, 1024)[10:]  # past the extreme scales
-    layer = PackedLinear(blocks[10:].contiguous(), "Q4_1", 1024)
+    weight = dequantize(blocks, "Q4_1").reshape(256, 1024)[16:]  # past the extreme scales
+    layer = PackedLinear(blocks[16:].contiguous(), "Q4_1", 1024)  # 240 rows: whole tiles
     x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(3))
     exact = F.linear(x.double(), weight.double())
     with torch.no_grad():

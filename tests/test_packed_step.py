@@ -77,7 +77,7 @@ def test_the_c_step_on_the_integer_path_equals_the_eager_integer_step(tmp_path_f
     try:
         use_integer_products(model, True)
         decoder = packed_decoder(model)
-        assert decoder is not None and decoder.layers[0].integer == 1
+        assert decoder is not None and min(decoder.layers[0].kind) >= 8  # every product in tiles
         prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
         eager_cache, c_cache = model.new_cache(1, 20), model.new_cache(1, 20)
         with torch.no_grad():
@@ -91,7 +91,7 @@ def test_the_c_step_on_the_integer_path_equals_the_eager_integer_step(tmp_path_f
                 token = want.argmax(-1, keepdim=True)
     finally:
         use_integer_products(model, False)
-    assert packed_decoder(model).layers[0].integer == 0
+    assert max(packed_decoder(model).layers[0].kind) < 8  # blocks again
 
 
 def test_padded_batches_decode_the_same_tokens(tmp_path_factory):

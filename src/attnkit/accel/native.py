@@ -153,7 +153,6 @@ def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
         "transpose_add": (None, [p, p, *[i] * 5]),
         # packed.c
         "packed_matmul": (i, [i, *[p] * 3, *[i] * 4]),
-        "packed_matmul_int8": (i, [i, *[p] * 3, *[i] * 4]),
         "packed_int8_path": (i, []),
         "packed_tile_rows": (i, []),
         "packed_tile": (i, [i, p, p, i, i]),

@@ -329,11 +329,10 @@ int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int 
  *
  *   d dx (q . qx) + m dx sum(qx)        (Q4_0: m = -8 d, the offset of its nibbles; Q8_0: m = 0)
  *
- * with q . qx an integer dot product: AVX-512 VNNI or AVX-VNNI (vpdpbusd: 32 unsigned bytes by
- * 32 signed bytes, summed in fours), AVX2 (vpmaddubsw, then vpmaddwd), plain C elsewhere. The
- * unsigned side is the weights' nibbles (0-15); Q8_0's signed weights go as |q| against qx with
- * q's sign (vpsignb), as llama.cpp does. Only the rounding of x to int8 differs from the float
- * path: the products and sums of integers are exact.
+ * with q . qx an integer dot product: AVX-512 VNNI or AVX-VNNI (vpdpbusd: unsigned bytes by
+ * signed bytes, summed in fours), AVX2 (vpmaddubsw, then vpmaddwd), plain C elsewhere, over
+ * the weights repacked into tiles (below). Only the rounding of x to int8 differs from the
+ * float path: the products and sums of integers are exact.
  * ------------------------------------------------------------------------------------------ */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define INT8_PATH 3 /* AVX-512 VNNI */
@@ -378,176 +377,6 @@ static void quantize_rows(const float *x, int8_t *qx, float *dx, float *xs, int 
             dx[(size_t)r * nb + b] = d;
             xs[(size_t)r * nb + b] = d * (float)sum;
         }
-}
-
-#if INT8_PATH > 0
-/* One block's 32 weights as bytes for the unsigned side: nibbles in order (weights 0-15 are
- * the low nibbles, 16-31 the high ones), or Q8_0's |q| with its signs kept in `sign`. */
-static inline __m256i nibbles_u8(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(both, _mm256_set1_epi8(15));
-}
-
-static inline void int_q8_0(const uint8_t *b, __m256i *u, __m256i *sign, float *d, float *m) {
-    *d = half_to_float(b);
-    *m = 0.0f;
-    *sign = _mm256_loadu_si256((const __m256i *)(b + 2));
-    *u = _mm256_sign_epi8(*sign, *sign); /* |q| */
-}
-static inline void int_q4_0(const uint8_t *b, __m256i *u, __m256i *sign, float *d, float *m) {
-    (void)sign;
-    *d = half_to_float(b);
-    *m = -8.0f * *d;
-    *u = nibbles_u8(b + 2);
-}
-static inline void int_q4_1(const uint8_t *b, __m256i *u, __m256i *sign, float *d, float *m) {
-    (void)sign;
-    *d = half_to_float(b);
-    *m = half_to_float(b + 2);
-    *u = nibbles_u8(b + 4);
-}
-static inline void int_q4_k(const uint8_t *b, __m256i *u, __m256i *sign, float *d, float *m) {
-    (void)sign;
-    memcpy(d, b, 4);
-    memcpy(m, b + 4, 4);
-    *u = nibbles_u8(b + 8);
-}
-
-/* Block b's share for rows r < ROWS: acc[r] += d dx (q . qx) in 8 lanes, shift[r] += m xs. */
-#define INT_BLOCK_SHARE(ROWS, LOAD, SIGNED, BLOCK_BYTES, row, acc, shift)                      \
-    {                                                                                          \
-        __m256i u, sign = _mm256_setzero_si256();                                              \
-        float d, m;                                                                            \
-        LOAD((row) + (size_t)b * BLOCK_BYTES, &u, &sign, &d, &m);                              \
-        for (int r = 0; r < (ROWS); r++) {                                                     \
-            __m256i s = _mm256_loadu_si256((const __m256i *)(qx + (size_t)r * K + (size_t)b * QK)); \
-            if (SIGNED) s = _mm256_sign_epi8(s, sign);                                         \
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_i8(u, s));                            \
-            (acc)[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * dx[(size_t)r * nb + b]), (acc)[r]); \
-            (shift)[r] += m * xs[(size_t)r * nb + b];                                          \
-        }                                                                                      \
-    }
-
-static inline float sum8(__m256 a) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    r = _mm_hadd_ps(r, r);
-    r = _mm_hadd_ps(r, r);
-    return _mm_cvtss_f32(r);
-}
-
-#define INT_MATMUL(NAME, LOAD, SIGNED, BLOCK_BYTES)                                            \
-    static void NAME(const uint8_t *W, const int8_t *qx, const float *dx, const float *xs,     \
-                     float *y, int rows, int N, int K, int add) {                              \
-        const int nb = K / QK;                                                                 \
-        const size_t row_bytes = (size_t)nb * BLOCK_BYTES;                                     \
-        if (rows == 1) {                                                                       \
-            _Pragma("omp for schedule(static)")                                                \
-            for (int n = 0; n < N; n++) {                                                      \
-                __m256 acc[1] = {_mm256_setzero_ps()};                                         \
-                float shift[1] = {0.0f};                                                       \
-                const uint8_t *row = W + (size_t)n * row_bytes;                                \
-                for (int b = 0; b < nb; b++)                                                   \
-                    INT_BLOCK_SHARE(1, LOAD, SIGNED, BLOCK_BYTES, row, acc, shift)             \
-                const float share = sum8(acc[0]) + shift[0];                                   \
-                y[n] = add ? y[n] + share : share;                                             \
-            }                                                                                  \
-        } else {                                                                               \
-            _Pragma("omp for schedule(static)")                                                \
-            for (int n = 0; n < N; n++) {                                                      \
-                __m256 acc[MAX_ROWS];                                                          \
-                float shift[MAX_ROWS];                                                         \
-                for (int r = 0; r < rows; r++) {                                               \
-                    acc[r] = _mm256_setzero_ps();                                              \
-                    shift[r] = 0.0f;                                                           \
-                }                                                                              \
-                const uint8_t *row = W + (size_t)n * row_bytes;                                \
-                for (int b = 0; b < nb; b++)                                                   \
-                    INT_BLOCK_SHARE(rows, LOAD, SIGNED, BLOCK_BYTES, row, acc, shift)          \
-                for (int r = 0; r < rows; r++) {                                               \
-                    const float share = sum8(acc[r]) + shift[r];                               \
-                    float *out = y + (size_t)r * N + n;                                        \
-                    *out = add ? *out + share : share;                                         \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-INT_MATMUL(int_matmul_q8_0, int_q8_0, 1, 34)
-INT_MATMUL(int_matmul_q4_0, int_q4_0, 0, 18)
-INT_MATMUL(int_matmul_q4_1, int_q4_1, 0, 20)
-INT_MATMUL(int_matmul_q4_k, int_q4_k, 0, 24)
-
-#else /* plain C: integer weights, integer dot products */
-
-/* A block's integers w (unsigned nibbles, or Q8_0's signed bytes), its d and its m. */
-static inline void int_weights(int kind, const uint8_t *b, int *w, float *d, float *m) {
-    const int at = kind == 0 ? 2 : kind == 1 ? 2 : kind == 2 ? 4 : 8;
-    if (kind == 3) {
-        memcpy(d, b, 4);
-        memcpy(m, b + 4, 4);
-    } else {
-        *d = half_to_float(b);
-        *m = kind == 1 ? -8.0f * *d : kind == 2 ? half_to_float(b + 2) : 0.0f;
-    }
-    if (kind == 0) {
-        for (int j = 0; j < QK; j++) w[j] = (int8_t)b[at + j];
-    } else {
-        for (int j = 0; j < QK / 2; j++) {
-            w[j] = b[at + j] & 15;
-            w[j + QK / 2] = b[at + j] >> 4;
-        }
-    }
-}
-#endif
-
-/* The integer product of any kind, inside a parallel region. */
-static void int_matmul(int kind, const uint8_t *W, const int8_t *qx, const float *dx,
-                       const float *xs, float *y, int rows, int N, int K, int add) {
-#if INT8_PATH > 0
-    if (kind == 0) int_matmul_q8_0(W, qx, dx, xs, y, rows, N, K, add);
-    else if (kind == 1) int_matmul_q4_0(W, qx, dx, xs, y, rows, N, K, add);
-    else if (kind == 2) int_matmul_q4_1(W, qx, dx, xs, y, rows, N, K, add);
-    else int_matmul_q4_k(W, qx, dx, xs, y, rows, N, K, add);
-#else
-    const int nb = K / QK;
-    static const int bytes[4] = {34, 18, 20, 24};
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float total[MAX_ROWS] = {0};
-        for (int b = 0; b < nb; b++) {
-            int w[QK];
-            float d, m;
-            int_weights(kind, W + ((size_t)n * nb + b) * bytes[kind], w, &d, &m);
-            for (int r = 0; r < rows; r++) {
-                const int8_t *q = qx + (size_t)r * K + (size_t)b * QK;
-                int dot = 0;
-                for (int j = 0; j < QK; j++) dot += w[j] * q[j];
-                total[r] += d * dx[(size_t)r * nb + b] * (float)dot + m * xs[(size_t)r * nb + b];
-            }
-        }
-        for (int r = 0; r < rows; r++) {
-            float *out = y + (size_t)r * N + n;
-            *out = add ? *out + total[r] : total[r];
-        }
-    }
-#endif
-}
-
-/* packed_matmul's integer twin: x quantized per block to int8 first (same arguments and
- * returns). */
-int packed_matmul_int8(int kind, const uint8_t *W, const float *x, float *y, int rows, int N,
-                       int K, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 3) return -1;
-    const size_t nb = (size_t)rows * (K / QK);
-    int8_t *qx = malloc((size_t)rows * K + sizeof(float) * 2 * nb);
-    if (qx == NULL) return -2;
-    float *dx = (float *)(qx + (size_t)rows * K), *xs = dx + nb;
-    quantize_rows(x, qx, dx, xs, rows, K);
-#pragma omp parallel num_threads(threads)
-    int_matmul(kind, W, qx, dx, xs, y, rows, N, K, 0);
-    free(qx);
-    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -879,8 +708,8 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
 }
 #endif
 
-/* packed_matmul_int8 for tiles (packed_tile's output, code 8 + the blocks' kind): the same
- * arguments and returns. */
+/* packed_matmul for tiles (packed_tile's output, code 8 + the blocks' kind), x quantized per
+ * block to int8 first: the same arguments and returns. */
 int packed_matmul_tiles(int code, const uint8_t *T, const float *x, float *y, int rows, int N,
                         int K, int threads) {
     if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || code < 8 ||
@@ -984,10 +813,6 @@ static void rope(const float *x, float *out, int d, const float *cos_sin) {
     }
 }
 
-/* x (rows, d_model) is updated in place. The cache holds (rows, n_kv_heads, max_len, d_head)
- * keys and values and (rows, max_len) positions; this step writes slot `length` and attends
- * over slots 0..length. valid: (rows, length + 1) flags of the keys a row may attend to, or
- * NULL for all of them. Returns 0, -1 for arguments it cannot take, -2 when out of memory. */
 /* y (rows, N) = or += x (rows, K) W^T for float32 weights, inside a parallel region: kind 16,
  * W (N, K) rows; kind 17, W^T (K, N) (each column block of y summed over k). */
 static void float_matmul(int kind, const float *W, const float *x, float *y, int rows, int N,
@@ -1027,21 +852,20 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.0f + tanhf(inner));
 }
 
-/* A product's input made ready (block sums, or int8 blocks on the integer path), and the
- * product of weight i with it: y (rows, N) = or += x (rows, K) W_i^T. */
+/* A product's input made ready for the layer's weights (block sums for blocks, int8 blocks for
+ * tiles; a layer may hold both), and the product of weight i with it: y (rows, N) = or +=
+ * x (rows, K) W_i^T (kinds 16 and 17: float32 weights, read from X itself). */
 #define PREPARE(X, K_)                                                                         \
     do {                                                                                       \
-        if (integer) quantize_rows(X, qx, dx, sums, rows, K_);                                \
-        else block_sums(X, sums, rows, K_);                                                    \
+        if (tiles) quantize_rows(X, qx, dx, xs, rows, K_);                                    \
+        if (blocks) block_sums(X, sums, rows, K_);                                             \
     } while (0)
-/* kinds 8 and 9: float32 weights, read from X itself */
 #define PRODUCT(I, X, Y, N_, K_, ADD)                                                          \
     do {                                                                                       \
         if (L->kind[I] >= 16)                                                                  \
             float_matmul(L->kind[I], (const float *)L->weight[I], X, Y, rows, N_, K_, ADD);   \
         else if (L->kind[I] >= 8)                                                              \
-            tile_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD);         \
-        else if (integer) int_matmul(L->kind[I], L->weight[I], qx, dx, sums, Y, rows, N_, K_, ADD); \
+            tile_matmul(L->kind[I], L->weight[I], qx, dx, xs, Y, rows, N_, K_, ADD);           \
         else matmul(L->kind[I], L->weight[I], X, sums, Y, rows, N_, K_, ADD);                 \
     } while (0)
 
@@ -1063,27 +887,28 @@ int packed_llama_step(const LlamaLayer *L, float *x, int rows, const int64_t *po
         (ring && (valid == NULL || max_len != L->window)) || L->activation < 0 ||
         L->activation > 1)
         return -1;
+    int tiles = 0, blocks = 0; /* which inputs the products need */
     for (int i = 0; i < 5; i++) { /* 0-4 blocks, 8-12 tiles (integer path), 16-17 float32 */
         const int k = L->kind[i];
         if (k < 0 || (k > 4 && k < 8) || (k > 12 && k < 16) || k > 17) return -1;
-        if (k >= 8 && k <= 12 && (!L->integer || Nqkv % TILE || D % TILE || F % TILE)) return -1;
-        if (k == 4 && L->integer) return -1; /* Q6_K blocks: the float32 path only */
+        if (k >= 8 && k <= 12 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
+        tiles |= k >= 8 && k <= 12;
+        blocks |= k <= 4;
     }
     int widest = D > F ? D : F; /* the longest row whose block sums are kept */
     widest = widest > A ? widest : A;
     /* floats per row, then (integer path) the row's int8 values */
     const size_t per_row =
-        (size_t)D + Nqkv + A + 2 * F + (size_t)H * M + 2 * (widest / QK) + dh + D;
+        (size_t)D + Nqkv + A + 2 * F + (size_t)H * M + 3 * (widest / QK) + dh + D;
     float *scratch = malloc((sizeof(float) * per_row + widest) * rows);
     if (scratch == NULL) return -2;
     float *h = scratch, *qkv = h + (size_t)rows * D, *attn = qkv + (size_t)rows * Nqkv;
     float *gate = attn + (size_t)rows * A, *up = gate + (size_t)rows * F;
     float *scores = up + (size_t)rows * F, *sums = scores + (size_t)rows * H * M;
-    float *dx = sums + (size_t)rows * (widest / QK);
-    float *angles = dx + (size_t)rows * (widest / QK); /* (rows, d_head): cos, then sin */
+    float *dx = sums + (size_t)rows * (widest / QK), *xs = dx + (size_t)rows * (widest / QK);
+    float *angles = xs + (size_t)rows * (widest / QK); /* (rows, d_head): cos, then sin */
     float *out = angles + (size_t)rows * dh;            /* (rows, D): a sublayer's output */
     int8_t *qx = (int8_t *)(out + (size_t)rows * D);
-    const int integer = L->integer;
 
 #pragma omp parallel num_threads(threads)
     {

@@ -253,20 +253,21 @@ class PackedLinear(nn.Module):
         self.register_buffer("blocks", blocks.contiguous())
         self.register_buffer("bias", bias)
         self.register_buffer("tiles", None, persistent=False)
-        self.integer = False
         self.set_integer(integer)
 
+    @property
+    def integer(self) -> bool:
+        """Whether products take the integer path: whether the blocks are held as tiles."""
+        return self.tiles is not None
+
     def set_integer(self, enabled: bool) -> None:
-        """Take the integer path (``enabled``) or the float32 one. Rows that make whole tiles are
-        repacked into tiles for it (once; ``tiles``, not saved with the model); the float32
-        path drops them."""
-        self.integer = bool(enabled)
-        if not self.integer:
+        """Take the integer path (``enabled``) or the float32 one. The integer path reads the
+        blocks repacked into tiles (once; ``tiles``, not saved with the model); rows that make
+        no whole tiles (or no kernels) stay on the float32 path."""
+        if not enabled:
             self.tiles = None
         elif self.tiles is None:
             self.tiles = _tiled(self.blocks, self.kind, self.in_features)
-            if self.tiles is None and self.kind == "Q6_K":  # integer Q6_K is tiles only
-                self.integer = False
 
     def extra_repr(self) -> str:
         integer = ", int8 activations" if self.integer else ""
@@ -300,9 +301,9 @@ class PackedLinear(nn.Module):
         ):
             y = self._dequantized_product(x)  # a prompt: a GEMM beats the kernel
         elif self.tiles is not None:
-            y = product(x, self.tiles, TILE_CODES[self.kind], self.out_features, True)
+            y = product(x, self.tiles, TILE_CODES[self.kind], self.out_features)
         else:
-            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features, self.integer)
+            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -362,13 +363,11 @@ class PackedEmbedding(nn.Module):
         return dequantize(rows, self.kind).reshape(*ids.shape, self.embedding_dim)
 
 
-def _packed_product(
-    x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
-) -> Tensor:
+def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
     """``x W^T`` by the packed kernel, x (..., in_features): ``MAX_ROWS`` rows at a time (a
-    prompt's rows in several calls, each reading the weights once); ``integer``: with x in
-    int8 blocks. Written for a small call cost: a decoding step makes one call per linear
-    layer."""
+    prompt's rows in several calls, each reading the weights once); ``blocks`` are tiles (the
+    integer path) where ``kind`` is one of ``TILE_CODES``. Written for a small call cost: a
+    decoding step makes one call per linear layer."""
     in_features = x.shape[-1]
     flat = x.reshape(-1, in_features)  # (rows, in)
     if flat.dtype != torch.float32 or not flat.is_contiguous():
@@ -376,10 +375,7 @@ def _packed_product(
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
     library = packed_kernel()
-    if kind >= 8:  # tiles (TILE_CODES)
-        kernel = library.packed_matmul_tiles
-    else:
-        kernel = library.packed_matmul_int8 if integer else library.packed_matmul
+    kernel = library.packed_matmul_tiles if kind >= 8 else library.packed_matmul
     threads = torch.get_num_threads()
     x_at, y_at, w_at = flat.data_ptr(), out.data_ptr(), blocks.data_ptr()
     for start in range(0, rows, MAX_ROWS):  # 4-byte floats: the rows' addresses
@@ -406,15 +402,11 @@ def register_operator():
     if _operator is None:
 
         @torch.library.custom_op("attnkit::packed_linear", mutates_args=())
-        def packed_linear(
-            x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
-        ) -> Tensor:
-            return _packed_product(x, blocks, kind, out_features, integer)
+        def packed_linear(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
+            return _packed_product(x, blocks, kind, out_features)
 
         @packed_linear.register_fake
-        def _(
-            x: Tensor, blocks: Tensor, kind: int, out_features: int, integer: bool = False
-        ) -> Tensor:
+        def _(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> Tensor:
             return x.new_empty(*x.shape[:-1], out_features)
 
         _operator = packed_linear
@@ -439,23 +431,21 @@ def use_integer_products(model: nn.Module, enabled: bool = True) -> int:
 
 def time_paths(layer: PackedLinear, rounds: int = 7) -> dict[str, float]:
     """The fastest of ``rounds`` one-row products through ``layer``'s blocks, in seconds, by
-    the float32 path and the integer one (alternating, after a warm-up)."""
+    the float32 path and the integer one (alternating, after a warm-up); the integer one is
+    infinite where the rows make no whole tiles."""
     import time
 
     x = torch.randn(1, layer.in_features, generator=torch.Generator().manual_seed(0))
     tiles = _tiled(layer.blocks, layer.kind, layer.in_features)
-    paths = {
-        "float32": (layer.blocks, _KIND_CODES[layer.kind], False),
-        "int8": (layer.blocks, _KIND_CODES[layer.kind], True)
-        if tiles is None
-        else (tiles, TILE_CODES[layer.kind], True),
-    }
-    best = dict.fromkeys(paths, float("inf"))
+    paths = {"float32": (layer.blocks, _KIND_CODES[layer.kind])}
+    if tiles is not None:
+        paths["int8"] = (tiles, TILE_CODES[layer.kind])
+    best = {"float32": float("inf"), "int8": float("inf")}
     for round_ in range(rounds + 1):
-        for name, (weights, code, integer) in paths.items():
+        for name, (weights, code) in paths.items():
             start = time.perf_counter()
             for _ in range(4):
-                _packed_product(x, weights, code, layer.out_features, integer)
+                _packed_product(x, weights, code, layer.out_features)
             if round_:
                 best[name] = min(best[name], (time.perf_counter() - start) / 4)
     return best

@@ -82,11 +82,8 @@ def why_not(model: nn.Module) -> str | None:
         products = _products(layer)
         if not all(_weights(p) is not None for p in products):
             return "a layer's products are neither packed nor float32 linear layers"
-        packed = [p for p in products if isinstance(p, PackedLinear)]
-        if not packed:
+        if not any(isinstance(p, PackedLinear) for p in products):
             return "a layer has no packed products"
-        if len({p.integer for p in packed}) > 1:
-            return "a layer's products mix the integer and float32 paths"
         if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
     if packed_kernel() is None:
@@ -131,7 +128,6 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
     """The C description of one DecoderLayer: sizes, norm gains and weights."""
     parts, products = block.parts(), _products(block)
     attention, ffn = parts.attention, parts.ffn
-    integer = any(isinstance(p, PackedLinear) and p.integer for p in products)
     return LlamaLayer(
         d_model=cfg.d_model,
         n_heads=attention.n_heads,
@@ -145,7 +141,6 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
         inv_freq=attention.rope.inv_freq.data_ptr(),
         kind=(ctypes.c_int * 5)(*[_code(p) for p in products]),
         weight=(ctypes.c_void_p * 5)(*[_weights(p).data_ptr() for p in products]),
-        integer=int(integer),
         q_norm=_address(attention.q_norm),
         k_norm=_address(attention.k_norm),
         qk_eps=_eps(attention.q_norm) if attention.q_norm is not None else 0.0,

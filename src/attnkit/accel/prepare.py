@@ -147,6 +147,8 @@ def _integer_lever(model: nn.Module | None) -> Lever:
     shape = f"{layer.kind} {layer.out_features} x {layer.in_features}"
     key = f"{machine_key()}, {native.variant()} kernels, {shape}"
     times = remembered("int8", key, lambda: time_paths(layer))  # every process agrees
+    if times["int8"] == float("inf"):
+        return Lever("int8-products", False, f"{path}; {shape}: its rows make no whole tiles")
     faster = times["int8"] < 0.97 * times["float32"]
     ms = {name: f"{times[name] * 1e3:.3f} ms" for name in ("int8", "float32")}
     why = f"{path}; one row x {layer.out_features}: int8 {ms['int8']}, float32 {ms['float32']}"

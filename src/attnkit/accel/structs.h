@@ -47,7 +47,6 @@
     FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K \
                                      4 Q6_K, 8-12 tiles, 16 float32 (N, K), 17 (K, N) */      \
     FIELD(const uint8_t *, weight, [5])                                                    \
-    FIELD(int, integer, )         /* 1: activations quantized to int8 (the integer path) */  \
     FIELD(const float *, q_norm, ) /* QK-norm gains (d_head), or NULL (Gemma) */             \
     FIELD(const float *, k_norm, )                                                          \
     FIELD(float, qk_eps, )                                                                  \
