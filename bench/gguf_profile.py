@@ -20,7 +20,6 @@ what the memory allows, with eager steps and with the C step (``accel.PackedDeco
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 
@@ -101,15 +100,15 @@ def main() -> None:
     with torch.no_grad():
         lm_step(model, ids, None, cache)
         x, position = torch.randn(1, model.cfg.d_model), torch.tensor([cache.length])
-        calls = []
-        for _ in range(20):
+        calls, table = [], decoder.cache_table(cache.self_attn)
+        for entry in table:
+            entry.length = cache.length
+        for _ in range(20):  # the same position each time: this step's slot is rewritten
             start = time.perf_counter()
-            for layer, kv in zip(decoder.layers, cache.self_attn, strict=True):
-                packed.packed_kernel().packed_llama_step(
-                    ctypes.byref(layer), x.data_ptr(), 1, position.data_ptr(), None,
-                    kv.k.data_ptr(), kv.v.data_ptr(), kv.positions.data_ptr(), cache.length,
-                    kv.max_len, args.threads,
-                )  # fmt: skip
+            packed.packed_kernel().packed_llama_step(
+                decoder.layers, table, len(table), x.data_ptr(), 1, position.data_ptr(), None,
+                args.threads,
+            )  # fmt: skip
             calls.append(time.perf_counter() - start)
 
     # the operators of one eager one-token step after the prompt (as generate runs it with
@@ -142,7 +141,7 @@ def main() -> None:
     print(f"  packed products    {product * 1e3:7.1f} ms  ({len(layers)} layers, {mb:.1f} MB)")
     print(f"  everything else    {(step - product) * 1e3:7.1f} ms  ({counts[0]} tensor operations)")
     print(f"C decoding step      {c_step * 1e3:7.1f} ms  ({1 / c_step:.1f} tokens/s)")
-    print(f"  the layer calls    {layer_calls * 1e3:7.1f} ms  ({len(decoder.layers)} calls)")
+    print(f"  the layers' call   {layer_calls * 1e3:7.1f} ms  ({len(decoder.layers)} layers)")
     print(f"  everything else    {(c_step - layer_calls) * 1e3:7.1f} ms  (embedding, norm, output)")
     kernel_alone = statistics.median(alone)
     print(f"the kernel alone     {kernel_alone * 1e3:7.1f} ms  (every product, a call each)")

@@ -9,11 +9,13 @@ Each candidate runs in a fresh process (so that its peak memory is its own), one
 other, with the same prompt, the same thread count and greedy decoding:
 
 - load: the file to a model ready to run, in seconds;
-- prompt: tokens/s over a 256-token prompt (the prefill);
+- prompt: tokens/s over a 256-token prompt (the prefill: the logits of its last position
+  only, as ``generate`` and llama.cpp's ``eval`` compute them);
 - first token: seconds from the call to the first new token, for a 12-token prompt;
 - decode: tokens/s over 128 new tokens after that prompt;
 - peak RSS of the process, in MB;
-- how many greedy tokens equal the float32 run's before the first difference.
+- how many greedy tokens equal the float32 run's before the first difference (each
+  tokenizer adds BOS where the file asks for it; a prompt whose ids differ is flagged).
 
 "attnkit packed" decodes through ``accel.PackedDecoder`` (a layer's step as one C call);
 "packed, eager steps" is the same model with that lever off (``ATTNKIT_PACKED_STEP=0``). This
@@ -75,10 +77,14 @@ def run_attnkit(packed: bool, integer: bool, threads: int, new_tokens: int, file
     load = time.perf_counter() - start
     short = torch.tensor([tokenizer.encode(PROMPT)])
     long = torch.tensor([(tokenizer.encode(PROMPT * 20) * 2)[:256]])
+
+    def prefill(tokens):  # as generate's first step: the logits of the last position only
+        return model.lm_head(model.hidden_states(tokens)[0][:, -1])
+
     with torch.no_grad():
-        model(short)  # warm-up
+        prefill(short)  # warm-up
         start = time.perf_counter()
-        model(long)
+        prefill(long)
         prompt = 256 / (time.perf_counter() - start)
     times = []
     model.generate(short, 2, do_sample=False)  # warm-up of the decoding path
@@ -94,6 +100,7 @@ def run_attnkit(packed: bool, integer: bool, threads: int, new_tokens: int, file
         "first": first,
         "decode": decode,
         "tokens": out[0, short.shape[1] :].tolist(),
+        "prompt_ids": short[0].tolist(),
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -108,12 +115,12 @@ def run_hugging_face(threads: int, new_tokens: int, path: Path) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     load = time.perf_counter() - start
-    short = torch.tensor([tokenizer.encode(PROMPT, add_special_tokens=False)])
-    long = torch.tensor([(tokenizer.encode(PROMPT * 20, add_special_tokens=False) * 2)[:256]])
+    short = torch.tensor([tokenizer.encode(PROMPT)])
+    long = torch.tensor([(tokenizer.encode(PROMPT * 20) * 2)[:256]])
     with torch.no_grad():
-        model(short)  # warm-up
+        model(short, logits_to_keep=1)  # warm-up
         start = time.perf_counter()
-        model(long)
+        model(long, logits_to_keep=1)
         prompt = 256 / (time.perf_counter() - start)
         model.generate(short, max_new_tokens=2, do_sample=False)
         start = time.perf_counter()
@@ -130,6 +137,7 @@ def run_hugging_face(threads: int, new_tokens: int, path: Path) -> dict:
         "first": first,
         "decode": (new_tokens - 1) / (total - first),
         "tokens": out[0, short.shape[1] :].tolist(),
+        "prompt_ids": short[0].tolist(),
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -144,8 +152,8 @@ def run_llama_cpp(threads: int, new_tokens: int, path: Path) -> dict:
         verbose=False,
     )  # fmt: skip
     load = time.perf_counter() - start
-    short = llm.tokenize(PROMPT.encode(), add_bos=False)
-    long = (llm.tokenize((PROMPT * 20).encode(), add_bos=False) * 2)[:256]
+    short = llm.tokenize(PROMPT.encode())  # BOS where the file asks for it, as attnkit's
+    long = (llm.tokenize((PROMPT * 20).encode()) * 2)[:256]
     llm.eval(short)
     llm.reset()
     start = time.perf_counter()
@@ -165,6 +173,7 @@ def run_llama_cpp(threads: int, new_tokens: int, path: Path) -> dict:
         "first": times[0] - start,
         "decode": (len(times) - 1) / (times[-1] - times[0]),
         "tokens": tokens,
+        "prompt_ids": short,
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -232,12 +241,16 @@ def main() -> None:
     figures: dict = {"model": file.name, "rounds": args.rounds}
     for name, results in runs.items():
         r = {
-            key: statistics.median(x[key] for x in results) for key in results[0] if key != "tokens"
+            key: statistics.median(x[key] for x in results)
+            for key in results[0]
+            if key not in ("tokens", "prompt_ids")
         }
         figures[labels[name]] = r
         pairs = list(zip(results[0]["tokens"], reference, strict=False))
         differ = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
         agree = f"all {len(pairs)}" if differ is None else f"the first {differ}"
+        if results[0]["prompt_ids"] != runs["float32"][0]["prompt_ids"]:
+            agree += " (its prompt's token ids differ)"
         print(
             f"{labels[name]:<22} {r['load']:>7.2f} {r['prompt']:>13.1f} {r['first']:>14.3f} "
             f"{r['decode']:>13.1f} {r['rss']:>12.0f}  {agree}"

@@ -1,11 +1,14 @@
 """accel.keep_freed_memory: a block freed and allocated again no longer faults its pages in
 again (the kernel's minor page faults per block, in a fresh process each way), and the
-trainer's step turns it on."""
+trainer's step turns it on. accel.release_file_pages: a memory-mapped file's pages leave the
+resident set (/proc/self/smaps) and read back unchanged; written and heap memory are left."""
 
+import mmap
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,3 +92,47 @@ def test_the_training_step_keeps_freed_memory(monkeypatch):
     with training_config.step_context("fp32", torch.device("cpu")):
         pass
     assert calls
+
+
+def _mapping_rss_kb(address: int) -> int:
+    """The resident kB of the mapping that holds ``address`` (/proc/self/smaps)."""
+    with open("/proc/self/smaps", encoding="ascii") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _mapped_file(tmp_path, pages: int = 256) -> tuple[torch.Tensor, np.ndarray]:
+    """A tensor over a copy-on-write map of a file (as load_gguf's blocks), every page read."""
+    data = np.random.default_rng(0).integers(0, 256, pages * mmap.PAGESIZE, dtype=np.uint8)
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(data.tobytes())
+    tensor = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
+    assert int(tensor.sum()) == int(data.sum(dtype=np.int64))  # every page resident
+    return tensor, data
+
+
+def test_release_file_pages_gives_back_a_files_pages_and_keeps_their_values(tmp_path):
+    tensor, data = _mapped_file(tmp_path)
+    before = _mapping_rss_kb(tensor.data_ptr())
+    released = accel.release_file_pages(tensor)
+    assert released == len(data)  # the map starts on a page: every page
+    assert _mapping_rss_kb(tensor.data_ptr()) <= before - released // 1024 + 4
+    assert np.array_equal(tensor.numpy(), data)  # read again from the file
+
+
+def test_release_file_pages_leaves_written_and_heap_memory_alone(tmp_path):
+    tensor, data = _mapped_file(tmp_path)
+    tensor[5 * mmap.PAGESIZE] = int(data[5 * mmap.PAGESIZE]) ^ 0xFF  # a private copy now
+    assert accel.release_file_pages(tensor) == 0  # MADV_DONTNEED would drop the write
+    assert int(tensor[5 * mmap.PAGESIZE]) == int(data[5 * mmap.PAGESIZE]) ^ 0xFF
+    assert accel.release_file_pages(tensor[: 4 * mmap.PAGESIZE]) == 4 * mmap.PAGESIZE
+    heap = torch.arange(1 << 20, dtype=torch.int32)
+    assert accel.release_file_pages(heap) == 0
+    assert torch.equal(heap, torch.arange(1 << 20, dtype=torch.int32))

@@ -34,13 +34,15 @@ processor: measure before relying on one).
     memory.py     glibc's malloc keeps freed blocks in the process instead of handing them
                   back and faulting them in again every step: ``keep_freed_memory()`` (the
                   trainer calls it; off: ``ATTNKIT_KEEP_MEMORY=0``), and
-                  ``with return_freed_memory():`` around a resident-memory measurement
+                  ``with return_freed_memory():`` around a resident-memory measurement;
+                  ``release_file_pages(tensor)``: a memory-mapped file's pages out of the
+                  resident set (the integer path's tiles replace the file's blocks)
     native.py     the C kernels (attention.c, lm_loss.c, packed.c), built at install by
                   setup.py into one library per instruction set (variants.py), the best this
                   CPU runs loaded at first use (``ATTNKIT_KERNELS`` names one, or ``off``);
                   none loaded: each caller falls back to PyTorch, and a warning says why
-    packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1
-                  blocks, multiplied by the C kernels: ``PackedLinear``,
+    packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1 /
+                  Q4_K / Q6_K blocks, multiplied by the C kernels: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in);
                   ``use_integer_products(model)``: their int8-activation path
     packed_step.py  a Llama layer's decoding step with packed weights as one C call:
@@ -71,7 +73,7 @@ from attnkit.accel.compiled import autotuning, compiled_step, frozen_weights
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
 from attnkit.accel.decoding import decoding_layout, decoding_layouts
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
-from attnkit.accel.memory import keep_freed_memory, return_freed_memory
+from attnkit.accel.memory import keep_freed_memory, release_file_pages, return_freed_memory
 from attnkit.accel.onednn import (
     bf16_products_fast,
     linear,
@@ -118,6 +120,7 @@ __all__ = [
     "packed_steps",
     "prepare",
     "quantize",
+    "release_file_pages",
     "return_freed_memory",
     "tiles_available",
     "unpad_stacks",

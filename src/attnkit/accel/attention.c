@@ -479,6 +479,7 @@ long attnkit_struct_size(int which) {
     case 0: return (long)sizeof(View);
     case 1: return (long)sizeof(Shape);
     case 2: return (long)sizeof(LlamaLayer);
+    case 3: return (long)sizeof(LlamaCache);
     default: return -1;
     }
 }

@@ -50,7 +50,8 @@ __all__ = [
 
 _HERE = Path(__file__).parent
 _ENV = "ATTNKIT_KERNELS"
-STRUCTS = ("View", "Shape", "LlamaLayer")  # structs.h, in attnkit_struct_size's order
+# structs.h's structs, in attnkit_struct_size's order
+STRUCTS = ("View", "Shape", "LlamaLayer", "LlamaCache")
 
 
 class KernelWarning(RuntimeWarning):
@@ -123,7 +124,8 @@ def library_path(name: str) -> Path:
 @cache
 def structure(name: str) -> type[ctypes.Structure]:
     """The ``ctypes`` class of ``structs.h``'s struct ``name`` (``"View"``, ``"Shape"``,
-    ``"LlamaLayer"``), built from the header's ``FIELD(type, name, [n])`` lines."""
+    ``"LlamaLayer"``, ``"LlamaCache"``), built from the header's ``FIELD(type, name, [n])``
+    lines."""
     text = (_HERE / "structs.h").read_text(encoding="utf-8")
     macro = re.search(rf"typedef struct {{ (ATTNKIT_\w+)\(ATTNKIT_C_FIELD\) }} {name};", text)
     if macro is None:
@@ -141,6 +143,8 @@ def structure(name: str) -> type[ctypes.Structure]:
 def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Every exported function's arguments and result, set once on a loaded library."""
     view, shape = ctypes.POINTER(structure("View")), ctypes.POINTER(structure("Shape"))
+    layers = ctypes.POINTER(structure("LlamaLayer"))
+    caches = ctypes.POINTER(structure("LlamaCache"))
     i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
     signatures = {
         # attention.c: shape, q, k, v, out, lse, threads; the backward adds grad, lse, dq, dk, dv
@@ -158,10 +162,8 @@ def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
         "packed_tile": (i, [i, p, p, i, i]),
         "packed_matmul_tiles": (i, [i, *[p] * 3, *[i] * 4]),
         "packed_dequantize": (i, [i, *[p] * 2, *[i] * 3]),
-        "packed_llama_step": (
-            i,
-            [ctypes.POINTER(structure("LlamaLayer")), p, i, *[p] * 5, *[i] * 3],
-        ),
+        # layers, caches, n_layers, x, rows, positions, mask, threads
+        "packed_llama_step": (i, [layers, caches, i, p, i, p, p, i]),
     }
     for function, (result, arguments) in signatures.items():
         getattr(lib, function).restype = result

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.accel import native
+from attnkit.accel.memory import release_file_pages
 from attnkit.accel.onednn import linear
 
 __all__ = [
@@ -186,6 +187,7 @@ def packed_kernel():
 
 
 LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_step's layer
+LlamaCache = native.structure("LlamaCache")  # ... and a layer's cache
 
 _INT8_PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "plain C"}
 
@@ -263,11 +265,14 @@ class PackedLinear(nn.Module):
     def set_integer(self, enabled: bool) -> None:
         """Take the integer path (``enabled``) or the float32 one. The integer path reads the
         blocks repacked into tiles (once; ``tiles``, not saved with the model); rows that make
-        no whole tiles (or no kernels) stay on the float32 path."""
+        no whole tiles (or no kernels) stay on the float32 path. Blocks that are a view of a
+        memory-mapped file (``load_gguf``'s) leave the resident set as they are tiled
+        (``accel.memory.release_file_pages``): the file's pages are read again only if the
+        float32 path or a lookup of a tied table needs them."""
         if not enabled:
             self.tiles = None
         elif self.tiles is None:
-            self.tiles = _tiled(self.blocks, self.kind, self.in_features)
+            self.tiles = _tiled(self.blocks, self.kind, self.in_features, release=True)
 
     def extra_repr(self) -> str:
         integer = ", int8 activations" if self.integer else ""
@@ -323,18 +328,28 @@ def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
     return out
 
 
-def _tiled(blocks: Tensor, kind: str, in_features: int) -> Tensor | None:
+def _tiled(blocks: Tensor, kind: str, in_features: int, release: bool = False) -> Tensor | None:
     """``blocks`` repacked into tiles for the integer path (``packed.c``'s ``packed_tile``), or
-    None where the kernel cannot: no kernels, or rows that do not make whole tiles."""
+    None where the kernel cannot: no kernels, or rows that do not make whole tiles. With
+    ``release``, the pages of blocks that a memory-mapped file holds leave the resident set as
+    soon as their rows are tiled (``DEQUANTIZED_ROWS`` rows at a time), so that the file's
+    blocks and their tiles are never resident together whole."""
     kernel = packed_kernel()
     if kernel is None or len(blocks) % kernel.packed_tile_rows():
         return None
     tiles = torch.empty(len(blocks), in_features // 32 * TILE_BYTES[kind], dtype=torch.uint8)
-    status = kernel.packed_tile(
-        _KIND_CODES[kind], blocks.data_ptr(), tiles.data_ptr(), len(blocks), in_features
-    )
-    if status != 0:  # cannot happen for blocks PackedLinear checked
-        raise RuntimeError(f"packed_tile refused {kind} rows of {in_features} ({status})")
+    for start in range(0, len(blocks), DEQUANTIZED_ROWS):  # a multiple of the tiles' rows
+        rows, out = (
+            blocks[start : start + DEQUANTIZED_ROWS],
+            tiles[start : start + DEQUANTIZED_ROWS],
+        )
+        status = kernel.packed_tile(
+            _KIND_CODES[kind], rows.data_ptr(), out.data_ptr(), len(rows), in_features
+        )
+        if status != 0:  # cannot happen for blocks PackedLinear checked
+            raise RuntimeError(f"packed_tile refused {kind} rows of {in_features} ({status})")
+        if release:
+            release_file_pages(rows)
     return tiles
 
 

@@ -1,12 +1,12 @@
-"""A decoding step of a Llama-family model with packed weights, one C call per layer.
+"""A decoding step of a Llama-family model with packed weights, one C call for all layers.
 
 Eager PyTorch runs a Llama layer's one-token step as about 66 tensor operations (two RMSNorms,
 RoPE, the cache, attention, SwiGLU, residual adds), each a few microseconds of dispatch, around
 five products through :class:`~attnkit.accel.PackedLinear`; for SmolLM2-135M's 30 layers that
 is more time than the products themselves (``bench/gguf_profile.py``). :class:`PackedDecoder`
-runs the same arithmetic per layer as one call into ``packed.c`` (``packed_llama_step``: one
-parallel region, the products by the same kernel as ``PackedLinear``, on its float32 or
-integer path as the layer's products are set)::
+runs the same arithmetic for every layer in one call into ``packed.c`` (``packed_llama_step``:
+one parallel region for the whole stack, the products by the same kernel as ``PackedLinear``,
+on its float32 or integer path as the layer's products are set)::
 
     h = RMSNorm_1(x);  q, k, v = h W_in;  q, k = RoPE(q, k, position);  cache[t] = k, v
     x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
@@ -40,6 +40,7 @@ from attnkit.accel.packed import (
     _KIND_CODES,
     MAX_ROWS,
     TILE_CODES,
+    LlamaCache,
     LlamaLayer,
     PackedLinear,
     packed_kernel,
@@ -194,7 +195,8 @@ class PackedDecoder:
         ):
             raise ValueError("PackedDecoder: the norms and RoPE must be float32 on the CPU")
         self.model = model
-        self.layers = [_layer(block, model.cfg) for block in blocks]
+        self.layers = (LlamaLayer * len(blocks))(*[_layer(block, model.cfg) for block in blocks])
+        self._caches: tuple[tuple, ctypes.Array] | None = None  # the last cache's C view
         # The C descriptions hold raw addresses: keep the tensors behind them alive, so that a
         # weight replaced on the model later leaves this decoder with the old values, never
         # with freed memory.
@@ -248,21 +250,38 @@ class PackedDecoder:
             positions = positions_from_mask(mask)[:, past].contiguous()  # (B,)
             valid = None if bool(mask.all()) else mask.contiguous()  # (B, past + 1) bool
         x = model.embeddings(tokens, positions[:, None]).reshape(b, -1).float().contiguous()
-        kernel, threads = packed_kernel().packed_llama_step, torch.get_num_threads()
-        valid_at = None if valid is None else valid.data_ptr()
+        table = self.cache_table(caches)
+        for entry, kv in zip(table, caches, strict=True):
+            entry.length = kv.length
+        status = packed_kernel().packed_llama_step(
+            self.layers, table, len(table), x.data_ptr(), b, positions.data_ptr(),
+            None if valid is None else valid.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:  # cannot happen for what accepts() let through
+            raise RuntimeError(f"packed_llama_step failed ({status})")
         for layer, kv in zip(self.layers, caches, strict=True):
-            ring = layer.window > 0  # the C call sets the ring's flag for this step's slot
-            status = kernel(
-                ctypes.byref(layer), x.data_ptr(), b, positions.data_ptr(),
-                kv.valid.data_ptr() if ring else valid_at, kv.k.data_ptr(), kv.v.data_ptr(),
-                kv.positions.data_ptr(), kv.length if ring else past,
-                kv.window if ring else kv.max_len, threads,
-            )  # fmt: skip
-            if status != 0:  # cannot happen for what accepts() let through
-                raise RuntimeError(f"packed_llama_step failed ({status})")
-            if ring:
-                kv.length += 1
+            if layer.window:
+                kv.length += 1  # the C call set the ring's flag for this step's slot
             else:
                 kv.written(1)  # the C call wrote this step's key and value into the cache
         x = model.decoder.norm(x)
         return model.lm_head(x)  # (B, V)
+
+    def cache_table(self, caches) -> ctypes.Array:
+        """The caches' C descriptions (``LlamaCache``, one per layer), built once per set of
+        cache tensors (a generation's) and kept: only the lengths change between steps."""
+        fields = [
+            {
+                "k": kv.k.data_ptr(),
+                "v": kv.v.data_ptr(),
+                "positions": kv.positions.data_ptr(),
+                "valid": kv.valid.data_ptr() if layer.window else None,
+                "slots": kv.window if layer.window else kv.max_len,
+            }
+            for layer, kv in zip(self.layers, caches, strict=True)
+        ]
+        key = [tuple(f.values()) for f in fields]  # every field but the length
+        if self._caches is None or self._caches[0] != key:
+            entries = [LlamaCache(**f, length=0) for f in fields]  # lengths: set by step()
+            self._caches = key, (LlamaCache * len(entries))(*entries)
+        return self._caches[1]

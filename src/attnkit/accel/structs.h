@@ -55,10 +55,20 @@
     FIELD(int, activation, )      /* 0 SwiGLU, 1 GeGLU (GELU with tanh) */                 \
     FIELD(int, window, )          /* 0: a KVCache; w: a ring of the last w positions */
 
+/* One layer's cache for packed_llama_step: a KVCache, or a RollingKVCache ring (valid set). */
+#define ATTNKIT_LLAMA_CACHE(FIELD)                                                           \
+    FIELD(float *, k, )           /* (rows, n_kv_heads, slots, d_head) keys */             \
+    FIELD(float *, v, )           /* ... and values */                                     \
+    FIELD(int64_t *, positions, ) /* (rows, slots) */                                      \
+    FIELD(uint8_t *, valid, )     /* a ring's (rows, window) flags; NULL for a KVCache */  \
+    FIELD(int, slots, )           /* max_len, or the window */                             \
+    FIELD(int, length, )          /* positions cached before this step */
+
 #define ATTNKIT_C_FIELD(type, name, dims) type name dims;
 typedef struct { ATTNKIT_VIEW(ATTNKIT_C_FIELD) } View;
 typedef struct { ATTNKIT_SHAPE(ATTNKIT_C_FIELD) } Shape;
 typedef struct { ATTNKIT_LLAMA_LAYER(ATTNKIT_C_FIELD) } LlamaLayer;
+typedef struct { ATTNKIT_LLAMA_CACHE(ATTNKIT_C_FIELD) } LlamaCache;
 #undef ATTNKIT_C_FIELD
 
 #endif

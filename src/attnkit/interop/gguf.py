@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.accel.memory import release_file_pages
 from attnkit.accel.packed import (
     PackedEmbedding,
     PackedLinear,
@@ -318,11 +319,15 @@ def _packed_kind(tensor: GGUFTensor | None) -> str | None:
 
 def _file_blocks(tensor: GGUFTensor) -> Tensor:
     """A packable tensor's rows of blocks: a view of the file, or for Q4_K, Q6_K and Q5_0 a
-    repacked copy."""
+    repacked copy (the file's pages it was made from then leave the resident set)."""
     blocks = torch.from_numpy(tensor.data)  # (out, bytes per row)
     repack = {"Q4_K": repack_q4_k, "Q6_K": repack_q6_k, "Q5_0": repack_q5_0}
     repack = repack.get(tensor.tensor_type.name)
-    return blocks if repack is None else repack(blocks)
+    if repack is None:
+        return blocks
+    copy = repack(blocks)
+    release_file_pages(blocks)
+    return copy
 
 
 def _dequantize(tensor, source: str) -> Tensor:
