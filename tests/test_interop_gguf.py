@@ -498,3 +498,28 @@ def test_smollm2_file_tokenizer_splits_digits_like_llama_cpp():
     pieces = tokenizer.hf.encode(text, add_special_tokens=False).tokens
     assert pieces[:6] == ["In", "Ġ", "2", "0", "2", "4"] and "'s" in pieces
     assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_sentencepiece_merges_are_kept_per_vocabulary_and_a_bad_file_is_worked_out_again(
+    tmp_path, monkeypatch
+):
+    from attnkit.interop import tokenizer
+
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    tokens = ["<unk>", "a", "b", "ab", "abb", "bb", "▁", "▁a", "▁ab"]
+    scores = [0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0]
+    fresh = tokenizer._spm_merges(tokens, scores)
+    assert ("a", "b") in fresh and ("▁a", "b") in fresh
+    assert tokenizer._kept_spm_merges(tokens, scores) == fresh  # worked out and written
+    [kept] = (tmp_path / "tokenizers").glob("*.npy")
+    worked_out = []
+    original = tokenizer._spm_merges
+    monkeypatch.setattr(tokenizer, "_spm_merges", lambda *a: worked_out.append(1) or original(*a))
+    assert tokenizer._kept_spm_merges(tokens, scores) == fresh and not worked_out  # read back
+    np.save(kept, np.array([[0, 99]], dtype=np.int32))  # an id past this vocabulary
+    assert tokenizer._kept_spm_merges(tokens, scores) == fresh and len(worked_out) == 1
+    kept.write_bytes(b"not a numpy file")
+    assert tokenizer._kept_spm_merges(tokens, scores) == fresh and len(worked_out) == 2
+    other = [s if i != 3 else -9.0 for i, s in enumerate(scores)]  # other scores: other merges
+    assert tokenizer._kept_spm_merges(tokens, other) == original(tokens, other)
+    assert len(list((tmp_path / "tokenizers").glob("*.npy"))) == 2

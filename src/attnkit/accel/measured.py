@@ -27,11 +27,11 @@ except ImportError:  # not POSIX: processes measuring at once may each write the
 __all__ = ["cache_dir", "machine_key", "processor", "remembered"]
 
 
-def cache_dir() -> Path:
-    """Where measured choices are kept: ``~/.cache/attnkit/kernels`` (``ATTNKIT_CACHE`` moves
-    it)."""
+def cache_dir(part: str = "kernels") -> Path:
+    """Where attnkit keeps what it worked out once: ``~/.cache/attnkit/PART`` (``ATTNKIT_CACHE``
+    moves it); measured choices under ``kernels``."""
     root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
-    return Path(root) / "kernels"
+    return Path(root) / part
 
 
 def processor() -> str:

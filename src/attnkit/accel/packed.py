@@ -141,12 +141,12 @@ def repack_q5_0(data: Tensor) -> Tensor:
     the kernels read them as they read Q8_0."""
     rows = data.shape[0]
     blocks = data.reshape(-1, 22)  # (B, 22)
-    high = blocks[:, 2:6].contiguous().view(torch.int32)  # (B, 1), little-endian as stored
-    bits = (high >> torch.arange(32, dtype=torch.int32)) & 1  # (B, 32): weight j's 5th bit
+    high = blocks[:, 2:6, None] >> torch.arange(8, dtype=torch.uint8)  # weight j: byte j // 8
+    bits = (high & 1).reshape(-1, 32)  # (B, 32): weight j's 5th bit (bit j % 8 of its byte)
     qs = blocks[:, 6:]
-    low = torch.cat([qs & 0x0F, qs >> 4], dim=1).to(torch.int32)  # (B, 32)
-    q = (low | (bits << 4)) - 16  # in -16..15
-    return torch.cat([blocks[:, :2], q.to(torch.int8).view(torch.uint8)], dim=1).reshape(rows, -1)
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # (B, 32)
+    q = (low | (bits << 4)) - 16  # q - 16 in -16..15, as uint8 wraps: the int8's bytes
+    return torch.cat([blocks[:, :2], q], dim=1).reshape(rows, -1)
 
 
 Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 256 weights
