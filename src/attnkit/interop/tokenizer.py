@@ -273,7 +273,8 @@ def _kept_spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, 
         ids = np.load(path, allow_pickle=False)
         if ids.ndim == 2 and ids.shape[1] == 2 and ids.dtype == np.int32:
             if not len(ids) or (ids.min() >= 0 and ids.max() < len(tokens)):
-                return [(tokens[a], tokens[b]) for a, b in ids.tolist()]
+                left, right = (map(tokens.__getitem__, ids[:, i].tolist()) for i in (0, 1))
+                return list(zip(left, right, strict=True))
     except (OSError, ValueError):
         pass
     merges = _spm_merges(tokens, scores)
