@@ -74,6 +74,8 @@ def test_the_c_step_on_the_integer_path_equals_the_eager_integer_step(tmp_path_f
     from attnkit.accel import use_integer_products
 
     model = packed_llama(tmp_path_factory, kind)
+    with torch.no_grad():
+        float_logits = model(torch.tensor([[5, 6, 7]]))
     try:
         use_integer_products(model, True)
         decoder = packed_decoder(model)
@@ -92,6 +94,8 @@ def test_the_c_step_on_the_integer_path_equals_the_eager_integer_step(tmp_path_f
     finally:
         use_integer_products(model, False)
     assert max(packed_decoder(model).layers[0].kind) < 8  # blocks again
+    with torch.no_grad():  # the file's pages that tiling gave back are read again, unchanged
+        assert torch.equal(model(torch.tensor([[5, 6, 7]])), float_logits)
 
 
 def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
