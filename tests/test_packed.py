@@ -21,18 +21,17 @@ from attnkit.accel.packed import (
 )
 from attnkit.interop.gguf import read_gguf
 
-KINDS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-K_QUANTS = {"Q4_K": (Q.Q4_K, 144), "Q6_K": (Q.Q6_K, 210)}  # GGUF super-blocks of 256 weights
+KINDS = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+K_QUANTS = {"Q4_K": Q.Q4_K, "Q5_K": Q.Q5_K, "Q6_K": Q.Q6_K}  # GGUF super-blocks of 256 weights
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     """Random blocks whose scales (and Q4_1 minimums) are finite float16 values, the extremes
     among them: the largest (65504, either sign), the smallest subnormal, zero. For Q4_K,
     random GGUF super-blocks repacked as PackedLinear keeps them."""
-    if kind == "Q4_K":
-        return packed.repack_q4_k(q4_k_file_blocks(rows, cols, seed))
-    if kind == "Q6_K":
-        return packed.repack_q6_k(q6_k_file_blocks(rows, cols, seed))
+    if kind in K_QUANTS:
+        repack = {"Q4_K": packed.repack_q4_k, "Q5_K": packed.repack_q5_k}
+        return repack.get(kind, packed.repack_q6_k)(k_quant_file_blocks(kind, rows, cols, seed))
     rng = np.random.default_rng(seed)
     n_bytes = BLOCK_BYTES[kind]
     blocks = rng.integers(0, 256, (rows * cols // 32, n_bytes), dtype=np.uint8)
@@ -46,26 +45,17 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tenso
     return torch.from_numpy(blocks.reshape(rows, -1))
 
 
-def q4_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """Random Q4_K rows as a GGUF file stores them (144 bytes per 256 weights), with float16
-    factors d and dmin that include the extremes."""
+def k_quant_file_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random rows of a K-quant as a GGUF file stores them (Q4_K 144, Q5_K 176, Q6_K 210 bytes
+    per 256 weights), with float16 factors that include the extremes: d and dmin at bytes 0
+    and 2 (Q4_K, Q5_K), d at the end (Q6_K)."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
-    for offset in (0, 2):
+    size = gguf.GGML_QUANT_SIZES[K_QUANTS[kind]][1]
+    blocks = rng.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)
+    for offset in (0, 2) if kind != "Q6_K" else (size - 2,):
         factors = rng.normal(0, 0.01, len(blocks)).astype(np.float16)
         factors[: min(4, len(blocks))] = [65504.0, 6e-8, 0.0, -1.0][: min(4, len(blocks))]
         blocks[:, offset : offset + 2] = factors.view(np.uint8).reshape(-1, 2)
-    return torch.from_numpy(blocks.reshape(rows, -1))
-
-
-def q6_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """Random Q6_K rows as a GGUF file stores them (210 bytes per 256 weights: 6-bit integers,
-    16 int8 scales, a float16 d that takes the extremes)."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
-    factors = rng.normal(0, 0.01, len(blocks)).astype(np.float16)
-    factors[: min(4, len(blocks))] = [65504.0, 6e-8, 0.0, -1.0][: min(4, len(blocks))]
-    blocks[:, 208:210] = factors.view(np.uint8).reshape(-1, 2)
     return torch.from_numpy(blocks.reshape(rows, -1))
 
 
@@ -73,8 +63,8 @@ def q6_k_file_blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
 def test_dequantize_is_gguf_quants_bit_for_bit(kind):
     blocks = random_blocks(kind, 8, 256)
     if kind in K_QUANTS:  # the repacked blocks give what gguf makes of the file's super-blocks
-        file_blocks = (q4_k_file_blocks if kind == "Q4_K" else q6_k_file_blocks)(8, 256)
-        want = gguf.quants.dequantize(file_blocks.numpy(), K_QUANTS[kind][0]).ravel()
+        file_blocks = k_quant_file_blocks(kind, 8, 256)
+        want = gguf.quants.dequantize(file_blocks.numpy(), K_QUANTS[kind]).ravel()
     else:
         want = gguf.quants.dequantize(blocks.numpy(), getattr(Q, kind)).ravel()
     assert np.array_equal(dequantize(blocks, kind).numpy(), want, equal_nan=True)
@@ -190,7 +180,7 @@ def test_packed_table_and_chunked_products_equal_the_float32_ones(monkeypatch):
 
 def test_bad_blocks_are_refused():
     with pytest.raises(ValueError, match="kind must be one of"):
-        PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q5_K", 32)
+        PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q3_K", 32)
     with pytest.raises(ValueError, match=r"a row of 64 Q8_0 weights takes 68 bytes, got 34"):
         PackedLinear(torch.zeros(2, 34, dtype=torch.uint8), "Q8_0", 64)
     with pytest.raises(ValueError, match="uint8"):
@@ -224,15 +214,16 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
         assert torch.equal(again(ids), packs(ids))
 
 
-def test_a_q4_k_file_runs_packed_and_dequantized_alike(tmp_path):
-    """Q4_K (the K-quant of most published GGUF files) is repacked at load, 32-weight groups
-    with float32 scales, and gives the dequantized model's logits and tokens."""
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K], ids=str)
+def test_a_k_quant_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
+    """Q4_K (the K-quant of most published GGUF files) and Q5_K are repacked at load, 32-weight
+    groups with float32 scales, and give the dequantized model's logits and tokens."""
     from test_interop_gguf import _llama, write_gguf
 
-    write_gguf(tmp_path / "k.gguf", _llama(d_model=256, d_ff=256, vocab=101), Q.Q4_K)
+    write_gguf(tmp_path / "k.gguf", _llama(d_model=256, d_ff=256, vocab=101), qtype)
     floats = ak.from_pretrained(tmp_path / "k.gguf")
     packs = ak.from_pretrained(tmp_path / "k.gguf", dequantize=False)
-    assert packs.cfg.extra["weights"] == {"packed": {"Q4_K": 12}, "float32": {}}
+    assert packs.cfg.extra["weights"] == {"packed": {qtype.name: 12}, "float32": {}}
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         want = floats(ids)

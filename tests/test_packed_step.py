@@ -13,7 +13,10 @@ import attnkit as ak
 from attnkit.accel import PackedDecoder, native, packed_decoder, packed_steps
 from attnkit.generation import lm_step
 
-FORMATS = {"Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4_K": (Q.Q4_K, 256)}
+FORMATS = {
+    "Q8_0": (Q.Q8_0, 64), "Q4_0": (Q.Q4_0, 64), "Q4_1": (Q.Q4_1, 64), "Q4_K": (Q.Q4_K, 256),
+    "Q5_K": (Q.Q5_K, 256),
+}  # fmt: skip
 _models = {}
 
 

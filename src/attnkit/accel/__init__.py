@@ -45,7 +45,7 @@ processor: measure before relying on one).
                   Q4_K / Q6_K blocks, multiplied by the C kernels: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in);
                   ``use_integer_products(model)``: their int8-activation path
-    packed_step.py  a Llama layer's decoding step with packed weights as one C call:
+    packed_step.py  a Llama model's decoding step with packed weights as one C call:
                   ``packed_decoder(model)`` (off: ``packed_steps(False)`` or
                   ``ATTNKIT_PACKED_STEP=0``)
     quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):

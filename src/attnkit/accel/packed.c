@@ -12,6 +12,8 @@
  *         super-block's 32-weight groups, repacked at load: d and m are exact in float32)
  *   Q6_K  40 bytes: float32 d_a, d_b, 32 int8 q           w = d_a q (weights 0-15), d_b q
  *         (16-31)  (a GGUF Q6_K super-block's 32-weight groups, repacked at load)
+ *   Q5_K  40 bytes: float32 d, float32 m, 32 bytes q       w = d * q + m, q in 0..31  (a GGUF
+ *         Q5_K super-block's 32-weight groups, repacked at load)
  *
  * In the 16 bytes of a 4-bit block, the low nibbles are weights 0-15, the high ones 16-31.
  * A block's share of y is computed as d * (q . x_b) + m * sum(x_b): the integers q become
@@ -120,6 +122,15 @@ static inline void load_q6_k(const uint8_t *b, vec *w, float *d, float *m) {
     }
 }
 
+/* Q5_K, repacked (repack_q5_k): float32 d and m, then the 32 integers q (0..31), a byte each:
+ * read as int8, which they fit. */
+static inline void load_q5_k(const uint8_t *b, vec *w, float *d, float *m) {
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 8)), w);
+    i8_to_vec(_mm_loadu_si128((const __m128i *)(b + 24)), w + NV / 2);
+}
+
 #if LANES == 16
 /* AVX-512: a 4-bit weight becomes a float by a table lookup, vpermps reading the low 4 bits of
  * each 32-bit lane: the 16 bytes widened to 16 lanes give the low nibbles directly and, shifted
@@ -223,6 +234,12 @@ static inline void load_q6_k(const uint8_t *b, float *w, float *d, float *m) {
     *m = 0.0f;
     for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)b[8 + j] * (j < QK / 2 ? da : db);
 }
+
+static inline void load_q5_k(const uint8_t *b, float *w, float *d, float *m) {
+    memcpy(d, b, 4);
+    memcpy(m, b + 4, 4);
+    for (int j = 0; j < QK; j++) w[j] = (float)b[8 + j];
+}
 #endif
 
 /* Block b's share for rows r < ROWS of x, against the output row at `row`:
@@ -304,22 +321,25 @@ PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
 PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
 PACKED_MATMUL(matmul_q4_k, load_q4_k, 24)
 PACKED_MATMUL(matmul_q6_k, load_q6_k, 40)
+PACKED_MATMUL(matmul_q5_k, load_q5_k, 40)
 DEQUANTIZE(dequantize_q8_0, load_q8_0, 34)
 DEQUANTIZE(dequantize_q4_0, load_q4_0, 18)
 DEQUANTIZE(dequantize_q4_1, load_q4_1, 20)
 DEQUANTIZE(dequantize_q4_k, load_q4_k, 24)
 DEQUANTIZE(dequantize_q6_k, load_q6_k, 40)
+DEQUANTIZE(dequantize_q5_k, load_q5_k, 40)
 
 /* W (N rows of K weights) as float32, out: (N, K). d * q is exact in float32 in every format,
  * so d * q + m rounds once, as gguf's dequantization does: the values are the same bit for bit.
  * Returns 0, or -1 for arguments it cannot take. */
 int packed_dequantize(int kind, const uint8_t *W, float *out, int N, int K, int threads) {
-    if (K % QK || threads < 1 || kind < 0 || kind > 4) return -1;
+    if (K % QK || threads < 1 || kind < 0 || kind > 5) return -1;
     if (kind == 0) dequantize_q8_0(W, out, N, K, threads);
     else if (kind == 1) dequantize_q4_0(W, out, N, K, threads);
     else if (kind == 2) dequantize_q4_1(W, out, N, K, threads);
     else if (kind == 3) dequantize_q4_k(W, out, N, K, threads);
-    else dequantize_q6_k(W, out, N, K, threads);
+    else if (kind == 4) dequantize_q6_k(W, out, N, K, threads);
+    else dequantize_q5_k(W, out, N, K, threads);
     return 0;
 }
 
@@ -391,6 +411,7 @@ static void quantize_rows(const float *x, int8_t *qx, float *dx, float *xs, int 
  *   10    Q4_1   float16 d[TILE], float16 m[TILE]              4 chunks
  *   11    Q4_K   float32 d[TILE], float32 m[TILE] (repacked)   4 chunks
  *   12    Q6_K   float32 d_a[TILE], d_b[TILE], c[TILE]         8 chunks (signed q)
+ *   13    Q5_K   float32 d[TILE], float32 m[TILE] (repacked)   8 chunks (q in 0..31)
  *
  * 4-bit chunk c, row i, byte j holds weight 8c + j in its low nibble and 8c + 4 + j in its high
  * one: its low nibbles meet x's bytes 8c .. 8c + 3 (broadcast to every row's lane), its high
@@ -398,7 +419,8 @@ static void quantize_rows(const float *x, int8_t *qx, float *dx, float *xs, int 
  * (unsigned x signed bytes) as q + 128, the offset taken back by m; with AVX2 as q, and the
  * product takes |q| against x with q's sign. Q6_K's chunks hold q signed, in Q8_0's order, with
  * two scales per row (weights 0-15, 16-31); with VNNI x is the unsigned side, as x + 128, and
- * c = -128 (d_a sum(q_a) + d_b sum(q_b)) takes the offset back (0 with AVX2).
+ * c = -128 (d_a sum(q_a) + d_b sum(q_b)) takes the offset back (0 with AVX2). Q5_K's chunks
+ * hold q (0..31) in Q8_0's order: the unsigned side as it is, on every path.
  *
  * TILE is 16 with AVX-512 VNNI (a 512-bit register: 16 rows x 4 bytes), 8 elsewhere.
  * ------------------------------------------------------------------------------------------ */
@@ -408,18 +430,18 @@ static void quantize_rows(const float *x, int8_t *qx, float *dx, float *xs, int 
 #define TILE 8
 #endif
 #define Q8_OFFSET (INT8_PATH >= 2) /* Q8_0 tiles hold q + 128 (VNNI) */
-static const int tile_head[5] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE, 12 * TILE}; /* scales */
-static const int tile_bytes[5] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE, 44 * TILE};
+static const int tile_head[6] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE, 12 * TILE, 8 * TILE};
+static const int tile_bytes[6] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE, 44 * TILE, 40 * TILE};
 
 /* Rows per tile in this build (16 or 8). */
 int packed_tile_rows(void) { return TILE; }
 
-/* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K or 4 Q6_K, the last two
- * repacked) -> tiles, out: N / TILE * K / 32 tiles of tile_bytes[kind] (code 8 + kind).
+/* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q6_K or 5 Q5_K, the last
+ * three repacked) -> tiles, out: N / TILE * K / 32 tiles of tile_bytes[kind] (code 8 + kind).
  * Returns 0, or -1 for arguments it cannot take. */
 int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
-    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 4) return -1;
-    static const int bytes[5] = {34, 18, 20, 24, 40}, at[4] = {2, 2, 4, 8};
+    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 5) return -1;
+    static const int bytes[6] = {34, 18, 20, 24, 40, 40}, at[4] = {2, 2, 4, 8};
     const int nb = K / QK;
     for (int t = 0; t < N / TILE; t++)
         for (int b = 0; b < nb; b++) {
@@ -443,6 +465,14 @@ int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
                     for (int k = 0; k < 8; k++)
                         for (int j = 0; j < 4; j++)
                             chunks[(k * TILE + i) * 4 + j] = block[8 + 4 * k + j];
+                    continue;
+                }
+                if (kind == 5) { /* Q5_K: d, m, then q as Q8_0's chunks hold it, unchanged */
+                    memcpy(tile + 4 * i, block, 4);
+                    memcpy(tile + 4 * (TILE + i), block + 4, 4);
+                    for (int c = 0; c < 8; c++)
+                        for (int j = 0; j < 4; j++)
+                            chunks[(c * TILE + i) * 4 + j] = block[8 + 4 * c + j];
                     continue;
                 }
                 if (kind == 3) {
@@ -563,6 +593,20 @@ static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
     return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
 }
 
+/* A Q5_K tile's chunks (q in 0..31) against qb: the unsigned side as it is, no offset. */
+static inline TINT tile_dot_u8(const uint8_t *chunks, const int8_t *qb) {
+    TINT acc[4];
+    for (int c = 0; c < 4; c++) {
+        TINT sum = ti_zero();
+        for (int h = 0; h < 2; h++) {
+            const int k = 2 * c + h;
+            sum = ti_dot(sum, ti_load(chunks + k * 4 * TILE), ti_set1_32(four(qb + 4 * k)));
+        }
+        acc[c] = sum;
+    }
+    return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
+}
+
 /* A tile's scales d and minimums m, TILE of each, by its code. */
 #define SCALES_Q8(tile, d, m)                                                                  \
     d = tv_half(tile);                                                                         \
@@ -610,6 +654,7 @@ TILE_MATMUL(tile_matmul_q8_0, SCALES_Q8, tile_dot_q8, 0)
 TILE_MATMUL(tile_matmul_q4_0, SCALES_Q4_0, tile_dot_q4, 1)
 TILE_MATMUL(tile_matmul_q4_1, SCALES_Q4_1, tile_dot_q4, 2)
 TILE_MATMUL(tile_matmul_q4_k, SCALES_Q4_K, tile_dot_q4, 3)
+TILE_MATMUL(tile_matmul_q5_k, SCALES_Q4_K, tile_dot_u8, 5)
 
 /* A Q6_K tile's chunks against qb: the dot products of weights 0-15 (lo) and 16-31 (hi). */
 static inline void tile_dot_q6(const uint8_t *chunks, const int8_t *qb, TINT *lo, TINT *hi) {
@@ -663,12 +708,14 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
     else if (code == 9) tile_matmul_q4_0(T, qx, dx, xs, y, rows, N, K, add);
     else if (code == 10) tile_matmul_q4_1(T, qx, dx, xs, y, rows, N, K, add);
     else if (code == 11) tile_matmul_q4_k(T, qx, dx, xs, y, rows, N, K, add);
-    else tile_matmul_q6_k(T, qx, dx, xs, y, rows, N, K, add);
+    else if (code == 12) tile_matmul_q6_k(T, qx, dx, xs, y, rows, N, K, add);
+    else tile_matmul_q5_k(T, qx, dx, xs, y, rows, N, K, add);
 }
 
 #else /* plain C */
 
-/* Weight 0 <= k < 32 of row i in a tile's chunks, as the integer the product uses. */
+/* Weight 0 <= k < 32 of row i in a tile's chunks, as the integer the product uses (a byte each
+ * for Q8_0, Q6_K and Q5_K, whose 0..31 read the same as int8). */
 static inline int tile_weight(const uint8_t *chunks, int q8, int i, int k) {
     if (q8) return (int8_t)chunks[((k / 4) * TILE + i) * 4 + k % 4];
     const uint8_t byte = chunks[((k / 8) * TILE + i) * 4 + k % 4];
@@ -678,7 +725,7 @@ static inline int tile_weight(const uint8_t *chunks, int q8, int i, int k) {
 /* Row i's scale d and minimum m in a tile of `kind` (Q6_K: d for the first 16 weights, m for
  * the last 16). */
 static inline void tile_scales(const uint8_t *tile, int kind, int i, float *d, float *m) {
-    if (kind == 3 || kind == 4) {
+    if (kind >= 3) {
         memcpy(d, tile + 4 * i, 4);
         memcpy(m, tile + 4 * (TILE + i), 4);
         return;
@@ -703,7 +750,7 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
                     const size_t at = (size_t)r * nb + b;
                     int dot = 0, high = 0; /* Q6_K: weights 16-31 apart */
                     for (int k = 0; k < QK; k++) {
-                        const int p = tile_weight(tile + tile_head[kind], kind == 0 || kind == 4,
+                        const int p = tile_weight(tile + tile_head[kind], kind == 0 || kind >= 4,
                                                   i, k) * qx[at * QK + k];
                         if (kind == 4 && k >= QK / 2) high += p;
                         else dot += p;
@@ -727,7 +774,7 @@ static void tile_matmul(int code, const uint8_t *T, const int8_t *qx, const floa
 int packed_matmul_tiles(int code, const uint8_t *T, const float *x, float *y, int rows, int N,
                         int K, int threads) {
     if (rows < 1 || rows > MAX_ROWS || K % QK || N % TILE || threads < 1 || code < 8 ||
-        code > 12)
+        code > 13)
         return -1;
     const size_t nb = (size_t)rows * (K / QK);
     int8_t *qx = malloc((size_t)rows * K + sizeof(float) * 2 * nb);
@@ -758,17 +805,18 @@ static void matmul(int kind, const uint8_t *W, const float *x, const float *sums
     else if (kind == 1) matmul_q4_0(W, x, sums, y, rows, N, K, add);
     else if (kind == 2) matmul_q4_1(W, x, sums, y, rows, N, K, add);
     else if (kind == 3) matmul_q4_k(W, x, sums, y, rows, N, K, add);
-    else matmul_q6_k(W, x, sums, y, rows, N, K, add);
+    else if (kind == 4) matmul_q6_k(W, x, sums, y, rows, N, K, add);
+    else matmul_q5_k(W, x, sums, y, rows, N, K, add);
 }
 
-/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K (repacked). x: (rows, K), y: (rows, N),
+/* kind: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q4_K, 4 = Q6_K, 5 = Q5_K (the last three repacked). x: (rows, K), y: (rows, N),
  * rows <= MAX_ROWS. threads:
  * passed by the caller (torch's count), because a thread other than the main one would
  * otherwise get OpenMP's default team, which measured as one thread under torch.
  * Returns 0, or -1 for arguments it cannot take, -2 when out of memory. */
 int packed_matmul(int kind, const uint8_t *W, const float *x, float *y, int rows, int N, int K,
                   int threads) {
-    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 4) return -1;
+    if (rows < 1 || rows > MAX_ROWS || K % QK || threads < 1 || kind < 0 || kind > 5) return -1;
     float *sums = malloc(sizeof(float) * (size_t)rows * (K / QK));
     if (sums == NULL) return -2;
     block_sums(x, sums, rows, K);
@@ -892,12 +940,12 @@ static int layer_inputs(const LlamaLayer *L, int *tiles, int *blocks) {
         L->activation > 1 || L->window < 0)
         return -1;
     *tiles = *blocks = 0;
-    for (int i = 0; i < 5; i++) { /* 0-4 blocks, 8-12 tiles (integer path), 16-17 float32 */
+    for (int i = 0; i < 5; i++) { /* 0-5 blocks, 8-13 tiles (integer path), 16-17 float32 */
         const int k = L->kind[i];
-        if (k < 0 || (k > 4 && k < 8) || (k > 12 && k < 16) || k > 17) return -1;
-        if (k >= 8 && k <= 12 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
-        *tiles |= k >= 8 && k <= 12;
-        *blocks |= k <= 4;
+        if (k < 0 || (k > 5 && k < 8) || (k > 13 && k < 16) || k > 17) return -1;
+        if (k >= 8 && k <= 13 && (Nqkv % TILE || D % TILE || F % TILE)) return -1;
+        *tiles |= k >= 8 && k <= 13;
+        *blocks |= k <= 5;
     }
     return 0;
 }

@@ -1,4 +1,5 @@
-"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
+"""Linear layers whose weights stay in llama.cpp's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+Q6_K).
 
 Decoding a token multiplies one row by every weight matrix, so its speed is set by the bytes
 of weights read per token (``bench/gguf_kernel.py``: on a 2-core EPYC both float32 ``F.linear``
@@ -8,7 +9,8 @@ with a small C kernel (``packed.c``, AVX-512 or AVX2 where the processor has the
 each block once and uses it for every row::
 
     y = x W^T,  W = rows of blocks:  Q8_0 w = q d,  Q4_0 w = d (q - 8),  Q4_1 w = d q + m,
-                                     Q4_K w = d q + m per 32 weights (repack_q4_k)
+                                     Q4_K, Q5_K w = d q + m per 32 weights (repack_q4_k,
+                                     repack_q5_k)
     block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
 
 **The integer path** (``integer=True``, chosen by :func:`use_integer_products`): as llama.cpp
@@ -58,16 +60,18 @@ __all__ = [
     "register_operator",
     "repack_q4_k",
     "repack_q5_0",
+    "repack_q5_k",
     "repack_q6_k",
     "use_integer_products",
 ]
 
-# bytes per block of 32 weights (Q4_K and Q6_K: as repack_q4_k and repack_q6_k keep them)
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24, "Q6_K": 40}
-_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4}
+# bytes per block of 32 weights (the K-quants: as repack_q4_k, repack_q6_k, repack_q5_k keep them)
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24, "Q6_K": 40, "Q5_K": 40}
+_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
 TILE_CODES = {kind: 8 + code for kind, code in _KIND_CODES.items()}  # packed_tile's output
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
+Q5_K_BYTES = 176  # a GGUF Q5_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
@@ -87,11 +91,15 @@ def dequantize(blocks: Tensor, kind: str) -> Tensor:
     """uint8 blocks (any shape whose bytes are whole blocks) -> float32 values, flat.
 
     The same arithmetic as ``gguf.quants`` in the same order, so the values are bit for bit
-    the same (tested on random blocks, extreme scales among them). ``"Q4_K"`` means the blocks
-    :func:`repack_q4_k` makes."""
+    the same (tested on random blocks, extreme scales among them). ``"Q4_K"``, ``"Q5_K"`` and
+    ``"Q6_K"`` mean the blocks :func:`repack_q4_k`, :func:`repack_q5_k` and :func:`repack_q6_k`
+    make."""
     if kind not in BLOCK_BYTES:
         raise ValueError(f"dequantize: kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
     blocks = blocks.reshape(-1, BLOCK_BYTES[kind])
+    if kind == "Q5_K":
+        d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
+        return (d * blocks[:, 8:].float() + m).ravel()
     if kind == "Q4_K":
         d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
         qs = blocks[:, 8:]
@@ -119,17 +127,44 @@ def repack_q4_k(data: Tensor) -> Tensor:
     and its 16 bytes of nibbles in Q4_1's order, so the kernel reads it as it reads Q4_1."""
     rows = data.shape[0]
     blocks = data.reshape(-1, Q4_K_BYTES)  # (S, 144)
-    d, dmin = (blocks[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
-    packed_scales = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scales and minimums, (S, 3, 4)
-    low, high, rest = packed_scales.unbind(1)
-    scales = torch.cat([low & 63, (rest & 15) | ((low >> 2) & 48)], dim=1)  # (S, 8)
-    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 2) & 48)], dim=1)
-    scale, minimum = d * scales.float(), -(dmin * minimums.float())  # (S, 8), exact
+    scale, minimum = _k_scales(blocks)  # (S, 8) each
     qs = blocks[:, 16:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
     q = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)  # (S, 8 groups, 32)
     nibbles = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16 share a byte
     parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
     return torch.cat([*parts, nibbles], dim=-1).reshape(rows, -1)  # (rows, groups * 24)
+
+
+def _k_scales(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K's and Q5_K's super-blocks (S, bytes): float16 d and dmin, then 12 bytes of 6-bit
+    scales and minimums, one of each per group of 32 -> each group's ``d sc`` and ``-(dmin m)``,
+    float32 (S, 8); both products are exact in float32."""
+    d, dmin = (blocks[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
+    packed_scales = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scales and minimums, (S, 3, 4)
+    low, high, rest = packed_scales.unbind(1)
+    scales = torch.cat([low & 63, (rest & 15) | ((low >> 2) & 48)], dim=1)  # (S, 8)
+    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 2) & 48)], dim=1)
+    return d * scales.float(), -(dmin * minimums.float())
+
+
+def repack_q5_k(data: Tensor) -> Tensor:
+    """GGUF Q5_K rows, uint8 (rows, n / 256 * 176), -> the blocks PackedLinear keeps for them,
+    uint8 (rows, n / 32 * 40).
+
+    A Q5_K super-block is Q4_K's with a fifth bit per weight: float16 d and dmin, 6-bit scales
+    and minimums (``w = (d sc) q - (dmin m)``), 32 bytes of high bits (group g's in bit g) and
+    128 bytes of low nibbles (groups 2c and 2c + 1 in the low and high halves of chunk c). Each
+    group becomes a block of its own: float32 ``d sc`` and ``-(dmin m)`` and its 32 integers q
+    (0..31) a byte each, so ``w = d q + m`` rounds once, as ``gguf.quants`` computes it."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, Q5_K_BYTES)  # (S, 176)
+    scale, minimum = _k_scales(blocks)  # (S, 8) each
+    high = blocks[:, None, 16:48] >> torch.arange(8, dtype=torch.uint8)[:, None]  # (S, 8, 32)
+    qs = blocks[:, 48:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
+    low = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)
+    q = low | ((high & 1) << 4)  # (S, 8 groups, 32), in 0..31
+    parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
+    return torch.cat([*parts, q], dim=-1).reshape(rows, -1)  # (rows, groups * 40)
 
 
 def repack_q5_0(data: Tensor) -> Tensor:

@@ -45,7 +45,7 @@
     FIELD(const float *, norm2, ) /* ... and before the feed-forward network */           \
     FIELD(const float *, inv_freq, ) /* RoPE's inverse frequencies (d_head / 2) */         \
     FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K \
-                                     4 Q6_K, 8-12 tiles, 16 float32 (N, K), 17 (K, N) */      \
+                                     4 Q6_K 5 Q5_K, 8-13 tiles, 16 float32 (N, K), 17 (K, N) */ \
     FIELD(const uint8_t *, weight, [5])                                                    \
     FIELD(const float *, q_norm, ) /* QK-norm gains (d_head), or NULL (Gemma) */             \
     FIELD(const float *, k_norm, )                                                          \

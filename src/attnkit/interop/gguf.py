@@ -58,6 +58,7 @@ from attnkit.accel.packed import (
     PackedLinear,
     repack_q4_k,
     repack_q5_0,
+    repack_q5_k,
     repack_q6_k,
 )
 from attnkit.accel.packed import dequantize as dequantize_packed
@@ -305,11 +306,12 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
     return dequantize_packed(torch.from_numpy(np.array(data, dtype=np.uint8)), kind)
 
 
-# The file's block types that stay packed, and the kind PackedLinear keeps them as: Q4_K, Q6_K
-# and Q5_0 are repacked on the way in (repack_q4_k, repack_q6_k, repack_q5_0), the others kept
-# as they are.
+# The file's block types that stay packed, and the kind PackedLinear keeps them as: Q4_K, Q5_K,
+# Q6_K and Q5_0 are repacked on the way in (repack_q4_k, repack_q5_k, repack_q6_k, repack_q5_0),
+# the others kept as they are.
 PACKED_KINDS = {
-    "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q6_K": "Q6_K", "Q5_0": "Q8_0",
+    "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q5_K": "Q5_K", "Q6_K": "Q6_K",
+    "Q5_0": "Q8_0",
 }  # fmt: skip
 
 
@@ -318,10 +320,10 @@ def _packed_kind(tensor: GGUFTensor | None) -> str | None:
 
 
 def _file_blocks(tensor: GGUFTensor) -> Tensor:
-    """A packable tensor's rows of blocks: a view of the file, or for Q4_K, Q6_K and Q5_0 a
-    repacked copy (the file's pages it was made from then leave the resident set)."""
+    """A packable tensor's rows of blocks: a view of the file, or for Q4_K, Q5_K, Q6_K and Q5_0
+    a repacked copy (the file's pages it was made from then leave the resident set)."""
     blocks = torch.from_numpy(tensor.data)  # (out, bytes per row)
-    repack = {"Q4_K": repack_q4_k, "Q6_K": repack_q6_k, "Q5_0": repack_q5_0}
+    repack = {"Q4_K": repack_q4_k, "Q5_K": repack_q5_k, "Q6_K": repack_q6_k, "Q5_0": repack_q5_0}
     repack = repack.get(tensor.tensor_type.name)
     if repack is None:
         return blocks
@@ -460,8 +462,8 @@ def pack_linear_layers(
     model: DecoderLM, names: dict[str, GGUFTensor], *, permuted: bool = True
 ) -> None:
     """Replace the model's linear layers with PackedLinear, and its token table with
-    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1, Q4_K, Q6_K or
-    Q5_0 (tied embeddings: the output layer and the table share the table's blocks)."""
+    PackedEmbedding, over the file's own blocks where they are Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+    Q6_K or Q5_0 (tied embeddings: the output layer and the table share the table's blocks)."""
     cfg = model.cfg
     packed: Counter = Counter()
     kept: Counter = Counter()
