@@ -574,8 +574,10 @@ static inline TINT tile_dot_q4(const uint8_t *chunks, const int8_t *qb) {
     return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
 }
 
-/* A Q8_0 tile's chunks against qb. */
-static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
+/* A tile of a byte per weight against qb. Q5_K's q (0..31) and, with VNNI, Q8_0's q + 128 are
+ * the unsigned side as they are; Q8_0's signed q without VNNI (AVX2) go in as |q|, against x
+ * with q's sign. */
+static inline TINT tile_dot_bytes(const uint8_t *chunks, const int8_t *qb, int is_signed) {
     TINT acc[4];
     for (int c = 0; c < 4; c++) {
         TINT sum = ti_zero();
@@ -583,29 +585,19 @@ static inline TINT tile_dot_q8(const uint8_t *chunks, const int8_t *qb) {
             const int k = 2 * c + h;
             const TINT v = ti_load(chunks + k * 4 * TILE), x4 = ti_set1_32(four(qb + 4 * k));
 #if Q8_OFFSET
+            (void)is_signed;
             sum = ti_dot(sum, v, x4);
 #else
-            sum = ti_dot(sum, _mm256_sign_epi8(v, v), _mm256_sign_epi8(x4, v));
+            sum = is_signed ? ti_dot(sum, _mm256_sign_epi8(v, v), _mm256_sign_epi8(x4, v))
+                            : ti_dot(sum, v, x4);
 #endif
         }
         acc[c] = sum;
     }
     return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
 }
-
-/* A Q5_K tile's chunks (q in 0..31) against qb: the unsigned side as it is, no offset. */
-static inline TINT tile_dot_u8(const uint8_t *chunks, const int8_t *qb) {
-    TINT acc[4];
-    for (int c = 0; c < 4; c++) {
-        TINT sum = ti_zero();
-        for (int h = 0; h < 2; h++) {
-            const int k = 2 * c + h;
-            sum = ti_dot(sum, ti_load(chunks + k * 4 * TILE), ti_set1_32(four(qb + 4 * k)));
-        }
-        acc[c] = sum;
-    }
-    return ti_add(ti_add(acc[0], acc[1]), ti_add(acc[2], acc[3]));
-}
+static inline TINT tile_dot_q8(const uint8_t *c, const int8_t *qb) { return tile_dot_bytes(c, qb, 1); }
+static inline TINT tile_dot_u8(const uint8_t *c, const int8_t *qb) { return tile_dot_bytes(c, qb, 0); }
 
 /* A tile's scales d and minimums m, TILE of each, by its code. */
 #define SCALES_Q8(tile, d, m)                                                                  \
