@@ -1,4 +1,5 @@
-"""Perplexity of SmolLM2 (Q4_1 GGUF) on the same windows of the same tokens: attnkit in float32
+"""Perplexity of SmolLM2 (Q4_1 GGUF) or Gemma 3 270M (Q4_K_M GGUF) on the same windows of the
+same tokens: attnkit in float32
 (every weight dequantized; the packed weights' float32 path gives the same), attnkit's integer
 path (packed weights, activations quantized to 8 bits: ``use_integer_products``), and
 llama.cpp (llama-cpp-python's logits, its own integer path).
@@ -8,7 +9,7 @@ llama.cpp evaluates exactly those token ids. Each path scores the second half of
 windows of --ctx tokens, each window starting with BOS, as llama-perplexity does
 (``attnkit.training.perplexity``). The figures go to the per-CPU results table.
 
-    python bench/perplexity.py [--windows 8] [--ctx 512] [--threads 2]
+    python bench/perplexity.py [--model smollm2] [--windows 8] [--ctx 512] [--threads 2]
 
 llama-cpp-python 0.3.36 dies with SIGILL in its batched prompt path on some CPUs (an Intel Xeon
 with AMX); there it runs with n_batch=1 (slower, the same logits).
@@ -24,15 +25,15 @@ import numpy as np
 import torch
 
 from common import cpu_description, llama_cpp_n_batch, save_results
-from gguf_speed import model_path
+from gguf_speed import gguf_file
 
 
-def llama_cpp_perplexity(ids: list[int], ctx: int, windows: int, threads: int, bos: int):
+def llama_cpp_perplexity(path, ids: list[int], ctx: int, windows: int, threads: int, bos: int):
     from llama_cpp import Llama
 
-    n_batch = llama_cpp_n_batch(model_path(), threads)
+    n_batch = llama_cpp_n_batch(path, threads)
     llm = Llama(
-        model_path=str(model_path()), n_threads=threads, n_ctx=ctx, n_batch=min(n_batch, ctx),
+        model_path=str(path), n_threads=threads, n_ctx=ctx, n_batch=min(n_batch, ctx),
         logits_all=True, verbose=False,
     )  # fmt: skip
     losses = []
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -66,14 +68,14 @@ def main() -> None:
     from attnkit.training.perplexity import perplexity
 
     print(f"CPU: {cpu_description()}")
-    tokenizer = load_tokenizer_for("smollm2")
+    tokenizer = load_tokenizer_for(args.model)
     ids = tokenizer.encode(load_shakespeare().validation, add_special_tokens=False)
     figures = {"tokens in the text": len(ids), "ctx": args.ctx, "windows": args.windows}
     rows = []
     from attnkit.accel import use_integer_products
 
     for name, dequantize in (("attnkit float32", True), ("attnkit int8 (integer path)", False)):
-        model = ak.from_pretrained("smollm2", dequantize=dequantize).eval()
+        model = ak.from_pretrained(args.model, dequantize=dequantize).eval()
         use_integer_products(model, not dequantize)
         start = time.perf_counter()
         result = perplexity(model, ids, context=args.ctx, windows=args.windows)
@@ -81,9 +83,10 @@ def main() -> None:
         bos = model.cfg.bos_id
         del model
     start = time.perf_counter()
-    value, error, _ = llama_cpp_perplexity(ids, args.ctx, args.windows, args.threads, bos)
+    path = gguf_file(args.model)
+    value, error, _ = llama_cpp_perplexity(path, ids, args.ctx, args.windows, args.threads, bos)
     rows.append(("llama.cpp (its logits, same tokens)", value, error, time.perf_counter() - start))
-    print(f"Shakespeare (validation split), {args.windows} windows of {args.ctx} tokens")
+    print(f"{path.name} on Shakespeare (validation split), {args.windows} windows of {args.ctx}")
     print(f"{'path':<38}{'perplexity':>12}{'+/-':>9}{'seconds':>10}")
     for name, value, error, seconds in rows:
         print(f"{name:<38}{value:>12.4f}{error:>9.4f}{seconds:>10.1f}")
@@ -92,7 +95,8 @@ def main() -> None:
     base = rows[0][1]
     for name, value, _, _ in (rows[1], rows[2]):
         print(f"  {name}: {100 * (value / base - 1):+.3f}% against float32")
-    print(f"wrote {save_results('perplexity', figures)}")
+    name = "perplexity" if args.model == "smollm2" else f"perplexity_{args.model}"
+    print(f"wrote {save_results(name, figures)}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
         weight = dequantize(blocks, kind).reshape(48, 512)
         code = packed._KIND_CODES[kind]
         tiles = torch.empty(48, 512 // 32 * packed.TILE_BYTES[kind], dtype=torch.uint8)
-        assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), 48, 512) == 0
+        assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), 48, 512, 2) == 0
         for rows in (1, 5, packed.MAX_ROWS):
             x = rows_of(torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)))
             y = torch.empty(rows, 48)
@@ -66,7 +66,7 @@ def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
             check(y, x, weight, (variant, kind, rows, "tiles"))
         too_many = packed.MAX_ROWS + 1
         assert kernel.packed_matmul_tiles(tile_code, *tile_pointers, too_many, 48, 512, 2) == -1
-        assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), tile + 1, 512) == -1
+        assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), tile + 1, 512, 2) == -1
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -159,7 +159,7 @@ def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
         "packed_matmul": (i, [i, *[p] * 3, *[i] * 4]),
         "packed_int8_path": (i, []),
         "packed_tile_rows": (i, []),
-        "packed_tile": (i, [i, p, p, i, i]),
+        "packed_tile": (i, [i, p, p, i, i, i]),
         "packed_matmul_tiles": (i, [i, *[p] * 3, *[i] * 4]),
         "packed_dequantize": (i, [i, *[p] * 2, *[i] * 3]),
         # layers, caches, n_layers, x, rows, positions, mask, threads

@@ -437,12 +437,13 @@ static const int tile_bytes[6] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE, 44
 int packed_tile_rows(void) { return TILE; }
 
 /* W (N rows of K weights, kind 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q4_K, 4 Q6_K or 5 Q5_K, the last
- * three repacked) -> tiles, out: N / TILE * K / 32 tiles of tile_bytes[kind] (code 8 + kind).
- * Returns 0, or -1 for arguments it cannot take. */
-int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K) {
-    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 5) return -1;
+ * three repacked) -> tiles, out: N / TILE * K / 32 tiles of tile_bytes[kind] (code 8 + kind),
+ * a row of tiles per thread at a time. Returns 0, or -1 for arguments it cannot take. */
+int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K, int threads) {
+    if (K % QK || N % TILE || N < 1 || kind < 0 || kind > 5 || threads < 1) return -1;
     static const int bytes[6] = {34, 18, 20, 24, 40, 40}, at[4] = {2, 2, 4, 8};
     const int nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int t = 0; t < N / TILE; t++)
         for (int b = 0; b < nb; b++) {
             uint8_t *tile = out + ((size_t)t * nb + b) * tile_bytes[kind];

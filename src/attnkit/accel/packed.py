@@ -373,13 +373,14 @@ def _tiled(blocks: Tensor, kind: str, in_features: int, release: bool = False) -
     if kernel is None or len(blocks) % kernel.packed_tile_rows():
         return None
     tiles = torch.empty(len(blocks), in_features // 32 * TILE_BYTES[kind], dtype=torch.uint8)
+    threads = torch.get_num_threads()
     for start in range(0, len(blocks), DEQUANTIZED_ROWS):  # a multiple of the tiles' rows
         rows, out = (
             blocks[start : start + DEQUANTIZED_ROWS],
             tiles[start : start + DEQUANTIZED_ROWS],
         )
         status = kernel.packed_tile(
-            _KIND_CODES[kind], rows.data_ptr(), out.data_ptr(), len(rows), in_features
+            _KIND_CODES[kind], rows.data_ptr(), out.data_ptr(), len(rows), in_features, threads
         )
         if status != 0:  # cannot happen for blocks PackedLinear checked
             raise RuntimeError(f"packed_tile refused {kind} rows of {in_features} ({status})")
