@@ -85,7 +85,7 @@ lint: $(KERNELS)
 # The tests on both cores (each file in one worker), then the timed ones alone. The two workers
 # (and the servers they start) share the 2 cores, so their OpenMP threads sleep as soon as they
 # are idle instead of spinning for CPU time the other worker needs (OMP_WAIT_POLICY=PASSIVE:
-# with a second process loading both cores, three serving tests took 21-27 s, not 33-50 s).
+# beside a second process loading both cores, the tool-calls test took 12-14 s, not 21-22 s).
 test: lint data
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -n 2 --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
