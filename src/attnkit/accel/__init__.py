@@ -41,6 +41,8 @@ processor: measure before relying on one).
                   setup.py into one library per instruction set (variants.py), the best this
                   CPU runs loaded at first use (``ATTNKIT_KERNELS`` names one, or ``off``);
                   none loaded: each caller falls back to PyTorch, and a warning says why
+    block_formats.py  the block formats' bytes, their dequantization (bit for bit gguf.quants)
+                  and the repacking of Q4_K, Q5_K, Q6_K and Q5_0 at load
     packed.py     linear layers and token tables kept in a GGUF file's Q8_0 / Q4_0 / Q4_1 /
                   Q4_K / Q6_K blocks, multiplied by the C kernels: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in);

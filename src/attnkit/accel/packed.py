@@ -46,6 +46,14 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.accel import native
+from attnkit.accel.block_formats import (
+    BLOCK_BYTES,
+    dequantize,
+    repack_q4_k,
+    repack_q5_0,
+    repack_q5_k,
+    repack_q6_k,
+)
 from attnkit.accel.memory import release_file_pages
 from attnkit.accel.onednn import linear
 
@@ -65,149 +73,12 @@ __all__ = [
     "use_integer_products",
 ]
 
-# bytes per block of 32 weights (the K-quants: as repack_q4_k, repack_q6_k, repack_q5_k keep them)
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24, "Q6_K": 40, "Q5_K": 40}
 _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
 TILE_CODES = {kind: 8 + code for kind, code in _KIND_CODES.items()}  # packed_tile's output
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
-Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
-Q5_K_BYTES = 176  # a GGUF Q5_K super-block: 256 weights
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
-
-
-# --------------------------------------------------------------------------------------------
-# Dequantization (the reference, and the path for prompts)
-# --------------------------------------------------------------------------------------------
-
-
-def _halves(blocks: Tensor, at: int) -> Tensor:
-    """The float16 stored at byte ``at`` of every block, as float32 (n_blocks, 1)."""
-    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
-
-
-def dequantize(blocks: Tensor, kind: str) -> Tensor:
-    """uint8 blocks (any shape whose bytes are whole blocks) -> float32 values, flat.
-
-    The same arithmetic as ``gguf.quants`` in the same order, so the values are bit for bit
-    the same (tested on random blocks, extreme scales among them). ``"Q4_K"``, ``"Q5_K"`` and
-    ``"Q6_K"`` mean the blocks :func:`repack_q4_k`, :func:`repack_q5_k` and :func:`repack_q6_k`
-    make."""
-    if kind not in BLOCK_BYTES:
-        raise ValueError(f"dequantize: kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
-    blocks = blocks.reshape(-1, BLOCK_BYTES[kind])
-    if kind == "Q5_K":
-        d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
-        return (d * blocks[:, 8:].float() + m).ravel()
-    if kind == "Q4_K":
-        d, m = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
-        qs = blocks[:, 8:]
-        return (d * torch.cat([qs & 0x0F, qs >> 4], dim=1).float() + m).ravel()
-    if kind == "Q6_K":
-        d_a, d_b = (blocks[:, i : i + 4].contiguous().view(torch.float32) for i in (0, 4))
-        q = blocks[:, 8:].contiguous().view(torch.int8).float()
-        return torch.cat([d_a * q[:, :16], d_b * q[:, 16:]], dim=1).ravel()
-    if kind == "Q8_0":
-        return (blocks[:, 2:].contiguous().view(torch.int8).float() * _halves(blocks, 0)).ravel()
-    qs = blocks[:, 4:] if kind == "Q4_1" else blocks[:, 2:]
-    nibbles = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # low halves: weights 0-15, high: 16-31
-    if kind == "Q4_0":
-        return (_halves(blocks, 0) * (nibbles.to(torch.int8) - 8).float()).ravel()
-    return (_halves(blocks, 0) * nibbles.float() + _halves(blocks, 2)).ravel()
-
-
-def repack_q4_k(data: Tensor) -> Tensor:
-    """GGUF Q4_K rows, uint8 (rows, n / 256 * 144), -> the blocks PackedLinear keeps for them,
-    uint8 (rows, n / 32 * 24).
-
-    A Q4_K super-block holds 8 groups of 32 weights, each with a 6-bit scale and a 6-bit
-    minimum under two float16 factors: ``w = (d sc) q - (dmin m)``. Each group becomes a
-    block of its own, float32 ``d sc`` and ``-(dmin m)`` (both products are exact in float32)
-    and its 16 bytes of nibbles in Q4_1's order, so the kernel reads it as it reads Q4_1."""
-    rows = data.shape[0]
-    blocks = data.reshape(-1, Q4_K_BYTES)  # (S, 144)
-    scale, minimum = _k_scales(blocks)  # (S, 8) each
-    qs = blocks[:, 16:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
-    q = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)  # (S, 8 groups, 32)
-    nibbles = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: weights j and j + 16 share a byte
-    parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
-    return torch.cat([*parts, nibbles], dim=-1).reshape(rows, -1)  # (rows, groups * 24)
-
-
-def _k_scales(blocks: Tensor) -> tuple[Tensor, Tensor]:
-    """Q4_K's and Q5_K's super-blocks (S, bytes): float16 d and dmin, then 12 bytes of 6-bit
-    scales and minimums, one of each per group of 32 -> each group's ``d sc`` and ``-(dmin m)``,
-    float32 (S, 8); both products are exact in float32."""
-    d, dmin = (blocks[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
-    packed_scales = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scales and minimums, (S, 3, 4)
-    low, high, rest = packed_scales.unbind(1)
-    scales = torch.cat([low & 63, (rest & 15) | ((low >> 2) & 48)], dim=1)  # (S, 8)
-    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 2) & 48)], dim=1)
-    return d * scales.float(), -(dmin * minimums.float())
-
-
-def repack_q5_k(data: Tensor) -> Tensor:
-    """GGUF Q5_K rows, uint8 (rows, n / 256 * 176), -> the blocks PackedLinear keeps for them,
-    uint8 (rows, n / 32 * 40).
-
-    A Q5_K super-block is Q4_K's with a fifth bit per weight: float16 d and dmin, 6-bit scales
-    and minimums (``w = (d sc) q - (dmin m)``), 32 bytes of high bits (group g's in bit g) and
-    128 bytes of low nibbles (groups 2c and 2c + 1 in the low and high halves of chunk c). Each
-    group becomes a block of its own: float32 ``d sc`` and ``-(dmin m)`` and its 32 integers q
-    (0..31) a byte each, so ``w = d q + m`` rounds once, as ``gguf.quants`` computes it."""
-    rows = data.shape[0]
-    blocks = data.reshape(-1, Q5_K_BYTES)  # (S, 176)
-    scale, minimum = _k_scales(blocks)  # (S, 8) each
-    high = blocks[:, None, 16:48] >> torch.arange(8, dtype=torch.uint8)[:, None]  # (S, 8, 32)
-    qs = blocks[:, 48:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
-    low = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)
-    q = low | ((high & 1) << 4)  # (S, 8 groups, 32), in 0..31
-    parts = [t.unsqueeze(-1).contiguous().view(torch.uint8) for t in (scale, minimum)]
-    return torch.cat([*parts, q], dim=-1).reshape(rows, -1)  # (rows, groups * 40)
-
-
-def repack_q5_0(data: Tensor) -> Tensor:
-    """GGUF Q5_0 rows, uint8 (rows, n / 32 * 22), -> Q8_0 rows (rows, n / 32 * 34), exactly.
-
-    A Q5_0 block is a float16 d, 32 high bits (weight j's in bit j) and 16 bytes of low nibbles
-    (weights 0-15 low, 16-31 high): ``w = d (q - 16)``, q in 0..31. As Q8_0, ``q - 16`` is an
-    int8 and the same d: the values are the same bit for bit, in 34 bytes instead of 22, and
-    the kernels read them as they read Q8_0."""
-    rows = data.shape[0]
-    blocks = data.reshape(-1, 22)  # (B, 22)
-    high = blocks[:, 2:6, None] >> torch.arange(8, dtype=torch.uint8)  # weight j: byte j // 8
-    bits = (high & 1).reshape(-1, 32)  # (B, 32): weight j's 5th bit (bit j % 8 of its byte)
-    qs = blocks[:, 6:]
-    low = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # (B, 32)
-    q = (low | (bits << 4)) - 16  # q - 16 in -16..15, as uint8 wraps: the int8's bytes
-    return torch.cat([blocks[:, :2], q], dim=1).reshape(rows, -1)
-
-
-Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 256 weights
-
-
-def repack_q6_k(data: Tensor) -> Tensor:
-    """GGUF Q6_K rows, uint8 (rows, n / 256 * 210), -> the blocks PackedLinear keeps for them,
-    uint8 (rows, n / 32 * 40).
-
-    A Q6_K super-block holds 256 6-bit integers q (4 low bits in ``ql``, 2 high ones in
-    ``qh``), 16 int8 scales (one per 16 weights) and a float16 d: ``w = (d scale) (q - 32)``.
-    Each group of 32 becomes a block of its own: float32 ``d scale`` for its first and its
-    last 16 weights (exact products) and its 32 ``q - 32`` as int8, so that ``d_a q`` rounds
-    once, as ``gguf.quants`` computes it."""
-    rows = data.shape[0]
-    blocks = data.reshape(-1, Q6_K_BYTES)  # (S, 210)
-    n = len(blocks)
-    ql, qh = blocks[:, :128], blocks[:, 128:192]
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()  # (S, 16)
-    d = blocks[:, 208:210].contiguous().view(torch.float16).float()  # (S, 1)
-    low = (ql.reshape(n, -1, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8)[:, None]) & 15
-    high = (qh.reshape(n, -1, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3
-    q = (low.reshape(n, -1, 32) | (high.reshape(n, -1, 32) << 4)).to(torch.int8) - 32  # (S, 8, 32)
-    halves = (d * scales).reshape(n, 8, 2)  # each 16 weights' d * scale, exact in float32
-    parts = [halves[..., i : i + 1].contiguous().view(torch.uint8) for i in (0, 1)]  # (S, 8, 4)
-    return torch.cat([*parts, q.view(torch.uint8)], dim=-1).reshape(rows, -1)  # (rows, 8 * 40)
 
 
 # --------------------------------------------------------------------------------------------
