@@ -235,6 +235,40 @@ def test_a_request_that_fails_before_it_joins_the_batch_is_told(tokenizer, monke
             assert q.queue[-1]["message"] == "RuntimeError: no room today"
 
 
+def test_a_request_that_fails_in_the_batch_ends_alone(tokenizer):
+    """Three requests decoded together; one of them fails at its fourth token (its sink raises,
+    as a grammar that refuses a token does): it alone gets an error event, the other two
+    finish with the tokens they get alone."""
+    model = model_for(tokenizer)
+    engine = Engine(model, tokenizer, max_batch=4, start=False)
+    queues, jobs = [], []
+    for prompt in ("to be", "that is", "or not"):
+        q = queue.Queue()
+        jobs.append(engine.submit(Request(tokenizer.encode(prompt), 8, temperature=0), q.put))
+        queues.append(q)
+    failing, seen = queues[1], []
+
+    def sink(event):
+        seen.append(event)
+        if len(seen) == 4 and event["type"] == "token":
+            raise RuntimeError("the grammar refused token 7")
+        failing.put(event)
+
+    jobs[1].sink = sink
+    run_until_answered(engine, queues)
+    assert failing.queue[-1] == {
+        "type": "error",
+        "message": "RuntimeError: the grammar refused token 7",
+    }
+    assert engine.steps >= 4  # the three were decoded together, past the failure
+    for prompt, q in (("to be", queues[0]), ("or not", queues[2])):
+        events = list(q.queue)
+        assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "length"
+        ids = tokenizer.encode(prompt)
+        want = model.generate(torch.tensor([ids]), 8, do_sample=False)[0, len(ids) :].tolist()
+        assert [e["id"] for e in events if e["type"] == "token"] == want
+
+
 def test_the_attention_recording_is_the_models_own(tokenizer):
     """With attention=True each generated token keeps the weights (layers, heads, positions) of
     the query that chose it: equal to the model's weights over the whole sequence."""

@@ -10,12 +10,13 @@ being answered as the rows of one batch and advances them all with one step of t
             request c  ░░░░░░░░░░░░▓▓▓▓▓▓▓▓▓▓  joined later: its prompt was run alone, then
                                                its keys and values were copied in, right-aligned
 
-Requests join and leave between steps. A joining request's prompt is run on its own (the
-prefill), and its cache is laid into the batch's cache so that every row ends at the same
-column; the rows are left-padded, and the attention mask and the position ids (counted over
-each row's real tokens) make the padding invisible. A request that finishes (EOS, a stop
-string, ``max_tokens``) or whose client went away leaves: its row is dropped, and columns that
-are padding in every remaining row are cut off.
+Requests join and leave between steps. A request that fails on its own (its grammar refuses a
+token, its client's sink raises) ends alone with an error event; the others go on. A joining
+request's prompt is run on its own (the prefill), and its cache is laid into the batch's cache
+so that every row ends at the same column; the rows are left-padded, and the attention mask and
+the position ids (counted over each row's real tokens) make the padding invisible. A request
+that finishes (EOS, a stop string, ``max_tokens``) or whose client went away leaves: its row is
+dropped, and columns that are padding in every remaining row are cut off.
 
 Everything that touches the model runs on one thread, the engine's own (``start=True``) or the
 one that calls :meth:`Engine.run` (``attnkit serve`` runs it on the main thread: OpenMP's
@@ -259,7 +260,7 @@ class Engine:
                     self._admit()
                     if self.jobs:
                         self._step()
-                except Exception as error:  # a bug must not take the server down
+                except Exception as error:  # the batch's step failed: every row ends with it
                     for job in self.jobs:
                         job.sink(_error(error))
                     self.jobs, self.cache, self.mask = [], None, None
@@ -325,9 +326,14 @@ class Engine:
         self.mask = torch.cat([self.mask, new], dim=1)  # (B, L + 1)
         logits = _on_cpu(self.cached_step(self.model, tokens, self.mask, self.cache))  # (B, V)
         self.steps += 1
-        done = [
-            i for i, job in enumerate(self.jobs) if self._emit(job, self._choose(job, logits[i]))
-        ]
+        done = []
+        for i, job in enumerate(self.jobs):
+            try:
+                if self._emit(job, self._choose(job, logits[i])):
+                    done.append(i)
+            except Exception as error:  # this row's own failure (its grammar, its sink): it alone
+                job.sink(_error(error))  # ends; the step itself failing ends every row (run)
+                done.append(i)
         if done:
             self._keep([i for i in range(b) if i not in done])
 
