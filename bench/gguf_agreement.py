@@ -13,11 +13,12 @@ Four runs of the same file, the same token ids in, greedy decoding:
 
 For each run it prints the number of tokens equal to the reference's before the first
 difference, and the largest logit difference on the prompt's last position; then the same
-between the rounded attnkit run and llama.cpp. Packed decoding steps run through
-``accel.PackedDecoder`` (the C step), except in the rounded run, which needs every product to
-go through ``PackedLinear``. "the C steps" is the largest logit difference over every
-decoding step, the packed model fed the reference's own tokens one at a time through the C
-step, against the float32 model's logits for the same sequence.
+between the rounded attnkit run and llama.cpp. The packed model is prepared for decoding on
+its float32 path (``prepare(model, "decoding", exact=True)``: the stack in C, ``PackedStack``),
+except in the rounded run, which needs every product to go through ``PackedLinear`` (the
+stack's eager forward, ``packed_steps(False)``). "the C steps" is the largest logit difference
+over every decoding step, the packed model fed the reference's own tokens one at a time through
+the C stack, against the float32 model's logits for the same sequence.
 
     python bench/gguf_agreement.py [--new-tokens 64]
 """
@@ -31,8 +32,7 @@ import numpy as np
 import torch
 
 import attnkit as ak
-from attnkit.accel import packed, packed_decoder, packed_steps
-from attnkit.generation import lm_step
+from attnkit.accel import packed, packed_steps
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description, llama_cpp_n_batch
 from gguf_speed import model_path
@@ -77,16 +77,16 @@ def attnkit_run(model, ids: list[int], new_tokens: int, rounding: bool = False):
 
 
 def c_step_difference(floats, packs, ids: list[int], tokens: list[int]) -> float:
-    """The largest logit difference over the decoding steps: packed C steps fed ``tokens``
-    one at a time, against the float32 model's logits for the whole sequence."""
-    decoder = packed_decoder(packs)
+    """The largest logit difference over the decoding steps: the packed model's C stack fed
+    ``tokens`` one at a time after the prompt, against the float32 model's logits for the whole
+    sequence."""
     sequence = torch.tensor([ids + tokens])
     cache = packs.new_cache(1, sequence.shape[1])
     with torch.no_grad():
         want = floats(sequence)[0, len(ids) : -1]  # predicting each token after the first
-        lm_step(packs, sequence[:, : len(ids)], None, cache)
+        packs(sequence[:, : len(ids)], cache=cache)
         got = [
-            decoder.step(packs, sequence[:, t : t + 1], None, cache, eager=None)[0]
+            packs(sequence[:, t : t + 1], cache=cache)[0, -1]
             for t in range(len(ids), sequence.shape[1] - 1)
         ]
     return float((torch.stack(got) - want).abs().max())
@@ -128,6 +128,7 @@ def main() -> None:
     tokenizer = load_tokenizer_for(model_path())
     floats = ak.from_pretrained(model_path())
     packs = ak.from_pretrained(model_path(), dequantize=False)
+    packs = ak.accel.prepare(packs, "decoding", exact=True).model
     llm = None
     if importlib.util.find_spec("llama_cpp") is not None:
         from llama_cpp import Llama

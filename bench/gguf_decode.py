@@ -44,13 +44,12 @@ def attnkit_worker(threads: int, model_name: str, path: str):
     import torch
 
     import attnkit as ak
-    from attnkit.accel import use_integer_products
     from attnkit.interop import load_tokenizer_for
 
     torch.set_num_threads(threads)
     file = gguf_path(model_name)
-    model = ak.from_pretrained(file, dequantize=False).eval()
-    use_integer_products(model, path == "int8")
+    model = ak.from_pretrained(file, dequantize=False)
+    model = ak.accel.prepare(model, "decoding", exact=path == "float32").model
     ids = torch.tensor([load_tokenizer_for(file).encode(PROMPT)])
 
     def burst(tokens: int) -> float:

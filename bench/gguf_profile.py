@@ -1,5 +1,6 @@
 """Where one decoding step of packed SmolLM2-135M-Instruct (Q4_1) spends its time, against
-what the memory allows, with eager steps and with the C step (``accel.PackedDecoder``).
+what the memory allows, with eager steps and with the C stack (``accel.PackedStack``), on the
+float32 path of the packed products (``prepare(model, "decoding", exact=True)``).
 
 - the step: median seconds per token over 48 greedy tokens after a 12-token prompt, eager
   (``packed_steps(False)``) and through the C step, alternating, three times each;
@@ -9,8 +10,8 @@ what the memory allows, with eager steps and with the C step (``accel.PackedDeco
   number of tensor operations (ATen calls) one step makes;
 - the kernel alone: the C kernel called directly on every layer's blocks, one after the other
   as in a step, without the Python around it;
-- the C step's parts: its 30 layer calls alone, and the rest (the token's embedding, the final
-  norm and the output layer in PyTorch);
+- the C step's parts: the stack's call alone (30 layers and the final norm), and the rest (the
+  token's embedding and the output layer in PyTorch);
 - the floor: the bytes of weights one token reads (every block once), divided by the read
   bandwidth measured here (summing a 512 MB tensor on the same threads).
 
@@ -60,6 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_description()}; {args.threads} threads; {model_path().name}")
     model = ak.from_pretrained(model_path(), dequantize=False)
+    model = ak.accel.prepare(model, "decoding", exact=True).model
     ids = torch.tensor([load_tokenizer_for(model_path()).encode(PROMPT)])
     layers = [m for m in model.modules() if isinstance(m, packed.PackedLinear)]
     weight_bytes = sum(m.blocks.numel() for m in layers)
@@ -95,20 +97,16 @@ def main() -> None:
             finally:
                 packed.PackedLinear.forward = forward
         c_steps.append(step_time())
-    decoder = ak.accel.packed_decoder(model)
     cache = model.new_cache(1, 64)
     with torch.no_grad():
         lm_step(model, ids, None, cache)
-        x, position = torch.randn(1, model.cfg.d_model), torch.tensor([cache.length])
-        calls, table = [], decoder.cache_table(cache.self_attn)
-        for entry in table:
-            entry.length = cache.length
+        x, position = torch.randn(1, 1, model.cfg.d_model), torch.tensor([cache.length])
+        calls, past = [], cache.length
         for _ in range(20):  # the same position each time: this step's slot is rewritten
+            for kv in cache.self_attn:
+                kv.length = past
             start = time.perf_counter()
-            packed.packed_kernel().packed_llama_step(
-                decoder.layers, table, len(table), x.data_ptr(), 1, position.data_ptr(), None,
-                args.threads,
-            )  # fmt: skip
+            model.decoder(x, positions=position, cache=cache)
             calls.append(time.perf_counter() - start)
 
     # the operators of one eager one-token step after the prompt (as generate runs it with
@@ -141,7 +139,7 @@ def main() -> None:
     print(f"  packed products    {product * 1e3:7.1f} ms  ({len(layers)} layers, {mb:.1f} MB)")
     print(f"  everything else    {(step - product) * 1e3:7.1f} ms  ({counts[0]} tensor operations)")
     print(f"C decoding step      {c_step * 1e3:7.1f} ms  ({1 / c_step:.1f} tokens/s)")
-    print(f"  the layers' call   {layer_calls * 1e3:7.1f} ms  ({len(decoder.layers)} layers)")
+    print(f"  the stack's call   {layer_calls * 1e3:7.1f} ms  ({len(model.decoder.layers)} layers)")
     print(f"  everything else    {(c_step - layer_calls) * 1e3:7.1f} ms  (embedding, norm, output)")
     kernel_alone = statistics.median(alone)
     print(f"the kernel alone     {kernel_alone * 1e3:7.1f} ms  (every product, a call each)")

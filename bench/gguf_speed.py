@@ -1,9 +1,9 @@
 """SmolLM2-135M-Instruct (Q4_1) or Gemma 3 270M (Q4_K_M) from its GGUF file: attnkit with the
 weights kept in their blocks (``from_pretrained(path, dequantize=False)``), on the float32 path
-and on the integer one (``use_integer_products``), against attnkit with every weight in float32,
-Hugging Face ``transformers`` reading the same file (``gguf_file=``, every weight dequantized;
-its decode time is a whole ``generate`` call less its first token), and llama.cpp
-(``llama-cpp-python``) when it is installed.
+and on the integer one (``prepare(model, "decoding")``'s default), against attnkit with every
+weight in float32, Hugging Face ``transformers`` reading the same file (``gguf_file=``, every
+weight dequantized; its decode time is a whole ``generate`` call less its first token), and
+llama.cpp (``llama-cpp-python``) when it is installed.
 
 Each candidate runs in a fresh process (so that its peak memory is its own), one after the
 other, with the same prompt, the same thread count and greedy decoding:
@@ -66,13 +66,12 @@ def run_attnkit(packed: bool, integer: bool, threads: int, new_tokens: int, file
     import torch
 
     import attnkit as ak
-    from attnkit.accel import use_integer_products
     from attnkit.interop import load_tokenizer_for
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    model = ak.from_pretrained(file, dequantize=not packed).eval()
-    use_integer_products(model, integer)
+    model = ak.from_pretrained(file, dequantize=not packed)
+    model = ak.accel.prepare(model, "decoding", exact=not integer).model
     tokenizer = load_tokenizer_for(file)
     load = time.perf_counter() - start
     short = torch.tensor([tokenizer.encode(PROMPT)])

@@ -1,7 +1,7 @@
 """Perplexity of SmolLM2 (Q4_1 GGUF) or Gemma 3 270M (Q4_K_M GGUF) on the same windows of the
 same tokens: attnkit in float32
 (every weight dequantized; the packed weights' float32 path gives the same), attnkit's integer
-path (packed weights, activations quantized to 8 bits: ``use_integer_products``), and
+path (packed weights, activations quantized to 8 bits: ``prepare(model, "decoding")``), and
 llama.cpp (llama-cpp-python's logits, its own integer path).
 
 The text is the validation split of the shipped Shakespeare corpus, tokenized once by attnkit;
@@ -72,11 +72,9 @@ def main() -> None:
     ids = tokenizer.encode(load_shakespeare().validation, add_special_tokens=False)
     figures = {"tokens in the text": len(ids), "ctx": args.ctx, "windows": args.windows}
     rows = []
-    from attnkit.accel import use_integer_products
-
     for name, dequantize in (("attnkit float32", True), ("attnkit int8 (integer path)", False)):
-        model = ak.from_pretrained(args.model, dequantize=dequantize).eval()
-        use_integer_products(model, not dequantize)
+        model = ak.from_pretrained(args.model, dequantize=dequantize)
+        model = ak.accel.prepare(model, "decoding").model
         start = time.perf_counter()
         result = perplexity(model, ids, context=args.ctx, windows=args.windows)
         rows.append((name, result.value, result.error, time.perf_counter() - start))

@@ -24,7 +24,7 @@ transformers.logging.set_verbosity_error()
 
 
 # attnkit's variants, as (compiled layers, oneDNN products): the trainer's step (eager layers,
-# oneDNN products where accel.onednn_choice() measured them faster: None), its layers compiled
+# oneDNN products where accel.onednn_choice() takes them by its rule: None), its layers compiled
 # (train.compile), and both without the oneDNN products (ATTNKIT_ONEDNN_LINEAR=0), which leaves
 # float32 products to torch's own GEMM (MKL on x86)
 PADDED = "attnkit padded stacks"  # mt-small: the trainer's step without accel.unpad_stacks

@@ -27,15 +27,35 @@ def test_every_variant_is_built_at_install():
 
 
 def test_the_best_variant_this_cpu_runs_is_in_use(monkeypatch):
+    """The first variant (best first) whose instructions this CPU has, whichever CPU runs the
+    suite: never a particular one."""
     monkeypatch.delenv("ATTNKIT_KERNELS", raising=False)
     best = next(name for name in native.VARIANTS if native.runnable(name))
     assert native._choose() == best
-    flags = native.cpu_flags()
-    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        assert best in ("amx", "avx512")
-    elif {"avx2", "fma", "f16c"} <= flags:
-        assert best == "avx2"
     assert native.runnable("generic")
+
+
+# /proc/cpuinfo's flags of the CPUs met so far (only the ones the variants ask for) -> the
+# variant each must load
+AVX2 = {"avx2", "fma", "f16c"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+KNOWN_CPUS = [
+    (set(), "generic"),
+    (AVX2, "avx2"),  # AMD Zen 3, Intel Haswell
+    (AVX2 | {"avx_vnni"}, "avxvnni"),  # Intel client CPUs from Alder Lake on
+    (AVX512, "avx512"),  # Intel Skylake-X
+    (AVX512 | {"avx512_vnni", "avx512_bf16", "avx_vnni"}, "vnni"),  # AMD Zen 4, Zen 5
+    (AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}, "amx"),  # Sapphire Rapids
+]
+
+
+@pytest.mark.parametrize(("flags", "expected"), KNOWN_CPUS)
+def test_each_known_cpu_chooses_its_variant(monkeypatch, flags, expected):
+    monkeypatch.delenv("ATTNKIT_KERNELS", raising=False)
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(native, "_x86", lambda: True)
+    monkeypatch.setattr(native, "load", lambda name: None)  # chosen, not loaded
+    assert native._choose() == expected
 
 
 def test_a_variant_this_cpu_cannot_run_is_refused(monkeypatch):

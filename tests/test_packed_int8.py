@@ -66,20 +66,49 @@ def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
             check(y, x, weight, (variant, kind, rows, "tiles"))
         too_many = packed.MAX_ROWS + 1
         assert kernel.packed_matmul_tiles(tile_code, *tile_pointers, too_many, 48, 512, 2) == -1
-        assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), tile + 1, 512, 2) == -1
+        assert kernel.packed_tile(2, blocks.data_ptr(), tiles.data_ptr(), 48, 500, 2) == -1
+
+
+def integer_product(variant, kind, blocks, x, n):
+    """y = x W^T on the integer path, by ``variant``'s kernels and tiles."""
+    kernel = native.load(variant)
+    height = kernel.packed_tile_rows()
+    tiles = torch.empty(
+        -(-n // height) * height, 512 // 32 * packed.TILE_BYTES[kind], dtype=torch.uint8
+    )
+    code = packed._KIND_CODES[kind]
+    assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), n, 512, 2) == 0
+    y = torch.empty(len(x), n)
+    status = kernel.packed_matmul_tiles(
+        packed.TILE_CODES[kind], tiles.data_ptr(), x.data_ptr(), y.data_ptr(), len(x), n, 512, 2
+    )
+    assert status == 0
+    return y
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_variants_give_the_integer_product_the_same_bits(kind):
+    """Exact integer dot products, the scales applied in one order: every variant this CPU runs
+    gives generic's y bit for bit, for whole tiles and a last partial one (45 rows)."""
+    blocks = random_blocks(kind, 45, 512, seed=11)
+    x = rows_of(torch.randn(packed.MAX_ROWS, 512, generator=torch.Generator().manual_seed(3)))
+    want = integer_product("generic", kind, blocks, x, 45)
+    check(want, x, dequantize(blocks, kind).reshape(45, 512), kind)
+    for variant in VARIANTS:
+        assert torch.equal(integer_product(variant, kind, blocks, x, 45), want), variant
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_packed_linear_on_the_integer_path(kind):
     """Through the layer: any number of rows on the integer path (a prompt too), in calls of
-    MAX_ROWS, each row alone; a layer whose rows make no whole tiles stays on the float32
-    path."""
+    MAX_ROWS, each row alone; a layer whose rows make no whole tiles gets a last tile padded
+    with zero weights."""
     cols = 512
     blocks = random_blocks(kind, 64, cols, seed=7)
     weight = dequantize(blocks, kind).reshape(64, cols)
     layer = PackedLinear(blocks, kind, cols, integer=True)
     assert "int8 activations" in repr(layer)
-    assert layer.tiles is not None  # whole tiles of 16 or 8 rows
+    assert layer.tiles is not None  # tiles of 16 or 8 rows
     assert "tiles" not in layer.state_dict()  # rebuilt from the blocks, never saved
     x = torch.randn(packed.MAX_ROWS + 3, cols, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -88,12 +117,11 @@ def test_a_packed_linear_on_the_integer_path(kind):
         prompt = layer(torch.cat([x, x]))
     check(got, x, weight, kind)
     assert torch.equal(got, alone)
-    assert x.numel() * 2 > packed.PROMPT_ROWS * cols  # a prompt, for the float32 path
     check(prompt, torch.cat([x, x]), weight, (kind, "prompt"))
-    odd = PackedLinear(blocks[:40].contiguous(), kind, cols, integer=True)  # not whole tiles
-    assert odd.tiles is None and not odd.integer
+    odd = PackedLinear(blocks[:41].contiguous(), kind, cols, integer=True)  # a partial tile
+    assert odd.integer
     with torch.no_grad():
-        torch.testing.assert_close(odd(x), F.linear(x, weight[:40]), rtol=1e-4, atol=1e-3)
+        assert torch.equal(odd(x), got[:, :41])  # the padding rows change nothing
     layer.set_integer(False)
     assert layer.tiles is None and not layer.integer
 

@@ -38,19 +38,19 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # The answers are compared with attnkit's own float32 forward, alone and unpadded: the
-    # server keeps float32 activations (on the integer path a padded batch can break a near tie
-    # the other way, as llama.cpp's 8-bit activations do; test_serve_api checks that path)
+    """The default path; its answers are compared with generate() alone and unpadded, which
+    they equal bit for bit (a row's logits do not depend on the others in its batch)."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with serving(log, env={"ATTNKIT_INT8": "0"}) as url:
+    with serving(log) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The same model in this process, as the server loads it (packed), for generate()'s
-    answers."""
+    """The same model in this process, loaded and prepared as the server does it (packed), for
+    generate()'s answers."""
     model = ak.from_pretrained("smollm2", dequantize=False)
+    model = ak.accel.prepare(model, "decoding").model
     tokenizer = load_tokenizer_for("smollm2")
     template = chat_template_for("smollm2")
 
@@ -144,10 +144,13 @@ def test_completions_models_and_health(server):
     reply = httpx.post(server + "/v1/completions", json=body, timeout=60).json()
     assert reply["object"] == "text_completion" and reply["usage"]["completion_tokens"] == 6
     body = {"prompt": "The capital of France is Paris. The capital", "max_tokens": 30}
-    greedy = body | {"temperature": 0, "stop": [", but"]}  # greedy: " of France is not a country,
-    stopped = httpx.post(server + "/v1/completions", json=greedy, timeout=60)  # but rather ..."
+    greedy = body | {"temperature": 0}
+    whole = httpx.post(server + "/v1/completions", json=greedy, timeout=60).json()
+    text = whole["choices"][0]["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 4]  # a stop string from the middle of it
+    stopped = httpx.post(server + "/v1/completions", json=greedy | {"stop": [stop]}, timeout=60)
     choice = stopped.json()["choices"][0]
-    assert (choice["finish_reason"], choice["text"]) == ("stop", " of France is not a country")
+    assert (choice["finish_reason"], choice["text"]) == ("stop", text[: text.index(stop)])
     sampled = [
         httpx.post(
             server + "/v1/completions",
@@ -208,35 +211,44 @@ def test_empty_prompts_huge_bodies_and_unknown_routes(server):
     assert httpx.post(server + "/v1/completions", json=body, timeout=60).status_code == 200
 
 
+# A reply that cannot end early: the end of text forbidden, far more tokens than the waits below
+# leave time for (8,000 at the fastest rate measured here, 300 tokens a second, take 27 s).
+ENDLESS = {"max_tokens": 8000, "temperature": 0, "logit_bias": {"2": -100}}
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_row(server):
-    body = {"prompt": "Tell me a long story.", "max_tokens": 2000, "stream": True}
+    body = {"prompt": "Tell me a long story.", "stream": True, **ENDLESS}
+    start = httpx.get(server + "/health").json()["steps"]
     with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as answer:
         for line in answer.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then hang up
-    _no_row_left_within(server, seconds=30)
+    _no_row_left_within(server, seconds=10, start=start)
 
 
-def _no_row_left_within(server, seconds: float) -> None:
-    """The engine decodes no row within ``seconds``, and then still answers."""
+def _no_row_left_within(server, seconds: float, start: int) -> None:
+    """The engine decodes no row within ``seconds`` (its steps stop, far short of the reply's
+    8,000 tokens since ``start`` steps), and then still answers."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if httpx.get(server + "/health").json()["running"] == 0:
             break
         time.sleep(0.1)
-    assert httpx.get(server + "/health").json()["running"] == 0
+    health = httpx.get(server + "/health").json()
+    assert health["running"] == 0
+    time.sleep(0.5)
+    assert httpx.get(server + "/health").json()["steps"] == health["steps"]  # nothing decodes
+    assert health["steps"] - start < ENDLESS["max_tokens"] // 2  # the reply was cut short
     reply = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
     assert reply.status_code == 200
 
 
 def test_a_client_that_leaves_before_a_whole_answer_frees_its_row(server):
-    # greedy decoding of this prompt runs past 1,200 tokens (40 s here) without an end of
-    # text, so without the cancellation the row would still be busy when the wait ends
     prompt = "Once upon a time, in a land far away, there lived"
-    body = {"prompt": prompt, "max_tokens": 2000, "temperature": 0}
+    start = httpx.get(server + "/health").json()["steps"]
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server + "/v1/completions", json=body, timeout=2.0)  # then hangs up
-    _no_row_left_within(server, seconds=20)
+        httpx.post(server + "/v1/completions", json={"prompt": prompt, **ENDLESS}, timeout=2.0)
+    _no_row_left_within(server, seconds=10, start=start)
 
 
 @pytest.mark.serial

@@ -24,15 +24,13 @@ from servers import serving
 pytestmark = pytest.mark.needs("smollm2")
 
 KEY = "sk-test-attnkit"
-# The servers whose numbers are compared with attnkit's own float32 forward take the float32
-# path of the packed products (test_the_integer_path_serves_its_own_logprobs: the other)
-FLOAT32 = {"ATTNKIT_INT8": "0"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The default path (the integer path of the packed products)."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with serving(log, "--max-batch", "4", env=FLOAT32) as url:
+    with serving(log, "--max-batch", "4") as url:
         yield url
 
 
@@ -45,17 +43,18 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference():
-    """attnkit's own forward in this process: the log-probabilities of each token of a
-    sequence given the ones before it, (N - 1,) (``integer``: on the integer path of the
-    packed products), and the tokenizer and chat template."""
-    from attnkit.accel import use_integer_products
+    """attnkit's own forward in this process, the model prepared as the server prepares it:
+    the log-probabilities of each token of a sequence given the ones before it, (N - 1,)
+    (``exact``: on the float32 path of the packed products, as ``--exact``), and the tokenizer
+    and chat template."""
+    from attnkit.accel import prepare, use_integer_products
 
-    model = ak.from_pretrained("smollm2", dequantize=False).eval()
+    model = prepare(ak.from_pretrained("smollm2", dequantize=False), "decoding").model
     tokenizer = load_tokenizer_for("smollm2")
 
     @torch.no_grad()
-    def logprobs(ids: list[int], integer: bool = False) -> torch.Tensor:
-        use_integer_products(model, integer)
+    def logprobs(ids: list[int], exact: bool = False) -> torch.Tensor:
+        use_integer_products(model, not exact)
         logits = model(torch.tensor([ids]))[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
@@ -81,7 +80,7 @@ def test_chat_logprobs_are_the_models_own(client, reference):
     new = tokenizer.encode(reply.choices[0].message.content)
     want = logprobs(prompt + new)[-len(new) :]
     got = torch.tensor([e.logprob for e in content])
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)  # the same logits
 
     stream = client.chat.completions.create(
         model="smollm2", messages=messages, max_tokens=8, temperature=0, logprobs=True,
@@ -90,30 +89,47 @@ def test_chat_logprobs_are_the_models_own(client, reference):
     chunks = list(stream)
     streamed = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]  # fmt: skip
-    # (the second request reuses the first one's prompt cache: float rounding differs a little)
-    torch.testing.assert_close(torch.tensor(streamed), got, rtol=0, atol=1e-4)
+    # the second request reuses the first one's prompt cache: the same logits, bit for bit
+    assert streamed == [e.logprob for e in content]
 
 
-def test_the_integer_path_serves_its_own_logprobs(tmp_path, reference):
-    """A server on the integer path (int8 activations, ATTNKIT_INT8=1): its run header says
-    so, and the prompt's log-probabilities are attnkit's own forward on the same path; they
-    differ from the float32 path's by what 8-bit activations cost (printed)."""
+def test_the_exact_path_serves_its_own_logprobs(tmp_path, reference):
+    """A server with --exact (float32 activations in the packed products): its run header and
+    /v1/models say so, and the prompt's log-probabilities are attnkit's own forward on the same
+    path; they differ from the integer path's by what 8-bit activations cost (printed)."""
     from openai import OpenAI
 
     logprobs, tokenizer, _ = reference
     text = "The capital of France is Paris, and the capital of Italy is Rome."
     ids = tokenizer.encode(text)
-    with serving(tmp_path / "serve.log", env={"ATTNKIT_INT8": "1"}) as url:
+    with serving(tmp_path / "serve.log", "--exact") as url:
         client = OpenAI(base_url=url + "/v1", api_key="not-needed", max_retries=0)
         reply = client.completions.create(
             model="smollm2", prompt=text, max_tokens=0, echo=True, logprobs=0
         )
-    assert "int8-products on" in (tmp_path / "serve.log").read_text()
+        meta = httpx.get(url + "/v1/models").json()["data"][0]["meta"]
+    assert (
+        "int8-products off (exact: float32 activations, as asked)"
+        in (tmp_path / "serve.log").read_text()
+    )
+    assert meta["levers"]["int8-products"] == {
+        "on": False,
+        "why": "exact: float32 activations, as asked",
+    }
     got = torch.tensor(reply.choices[0].logprobs.token_logprobs[1:])
-    torch.testing.assert_close(got, logprobs(ids, integer=True), rtol=0, atol=1e-3)
+    torch.testing.assert_close(got, logprobs(ids, exact=True), rtol=0, atol=1e-6)
     gap = float((got - logprobs(ids)).abs().max())
-    print(f"\nint8 against float32 activations: largest log-probability difference {gap:.3f}")
+    print(f"\nfloat32 against int8 activations: largest log-probability difference {gap:.3f}")
     assert 0 < gap < 0.5
+
+
+def test_the_models_card_says_how_it_runs(client):
+    """/v1/models: the kernels and every decoding lever, with the rule for the integer path."""
+    card = client.models.list().data[0].model_dump()
+    levers = card["meta"]["levers"]
+    assert card["meta"]["kernels"] == __import__("attnkit").accel.native.variant()
+    assert levers["int8-products"]["on"] and "rule:" in levers["int8-products"]["why"]
+    assert levers["packed-step"]["on"]
 
 
 def test_completions_echo_scores_the_prompt(client, reference):
@@ -133,7 +149,7 @@ def test_completions_echo_scores_the_prompt(client, reference):
     assert choice.logprobs.top_logprobs[0] is None
     assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs[1:])
     got = torch.tensor(choice.logprobs.token_logprobs[1:])
-    torch.testing.assert_close(got, logprobs(ids), rtol=0, atol=1e-3)
+    torch.testing.assert_close(got, logprobs(ids), rtol=0, atol=1e-6)
     # token ids as the prompt, and a list of prompts: one choice each
     by_ids = client.completions.create(
         model="smollm2", prompt=ids, max_tokens=0, echo=True, logprobs=0
@@ -354,7 +370,7 @@ def test_the_prompt_cache_changes_no_answer(tmp_path):
     questions = ("What is 2+2?", "What is 3+3?", "What is 2+2?")
     answers = {}
     for size in ("0", "16384"):
-        with serving(tmp_path / f"serve{size}.log", "--prompt-cache", size, env=FLOAT32) as url:
+        with serving(tmp_path / f"serve{size}.log", "--prompt-cache", size) as url:
             for question in questions:
                 body = {
                     "messages": [
@@ -369,11 +385,9 @@ def test_the_prompt_cache_changes_no_answer(tmp_path):
                 answers.setdefault(size, []).append(reply["choices"][0])
             hits = httpx.get(url + "/health").json().get("prompt_cache_hits")
             assert hits == (None if size == "0" else 2)
-    for plain, cached in zip(answers["0"], answers["16384"], strict=True):
+    for plain, cached in zip(answers["0"], answers["16384"], strict=True):  # bit for bit
         assert cached["message"]["content"] == plain["message"]["content"]
-        got = torch.tensor([e["logprob"] for e in cached["logprobs"]["content"]])
-        want = torch.tensor([e["logprob"] for e in plain["logprobs"]["content"]])
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+        assert cached["logprobs"] == plain["logprobs"]
 
 
 PERSON = {
@@ -616,7 +630,7 @@ def test_thirty_two_clients_against_a_bounded_queue(tmp_path):
     questions = [f"What is {a} plus {a}?" for a in range(32)]
     body = {"max_tokens": 8, "temperature": 0}
     options = ("--max-batch", "8", "--max-queue", "16")
-    with serving(tmp_path / "serve.log", *options, env=FLOAT32) as url:
+    with serving(tmp_path / "serve.log", *options) as url:
 
         def ask(question):
             messages = [{"role": "user", "content": question}]

@@ -51,7 +51,7 @@ def test_lm_eval_scores_each_choice_as_attnkit_does(tmp_path, monkeypatch):
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "attnkit_mc.yaml").write_text(TASK.format(data=DATA))
-    with serving(tmp_path / "serve.log", env={"ATTNKIT_INT8": "0"}) as url:  # float32 products
+    with serving(tmp_path / "serve.log") as url:  # the default path
         results = lm_eval.simple_evaluate(
             model="local-completions",
             model_args=f"model=smollm2,base_url={url}/v1/completions,tokenizer_backend=remote,"
@@ -63,7 +63,7 @@ def test_lm_eval_scores_each_choice_as_attnkit_does(tmp_path, monkeypatch):
     samples = results["samples"]["attnkit_mc"]
     assert len(samples) == 50
 
-    model = ak.from_pretrained("smollm2", dequantize=False).eval()
+    model = ak.accel.prepare(ak.from_pretrained("smollm2", dequantize=False), "decoding").model
     tokenizer = load_tokenizer_for("smollm2")
 
     def encode(text):

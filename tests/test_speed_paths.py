@@ -114,49 +114,35 @@ def test_use_onednn_products_swaps_linears_and_routes_cross_attention_slices():
 
 
 @needs_onednn
-@pytest.mark.parametrize("faster", [False, True])
-def test_the_default_takes_onednn_where_it_measured_faster(faster, monkeypatch):
-    """Neither forced on nor off, the first product looks up (or measures) once which GEMM
-    wins and keeps that choice; onednn_linear(...) still forces either inside a block."""
+@pytest.mark.parametrize(("vendor", "on"), [("AuthenticAMD", True), ("GenuineIntel", False)])
+def test_the_default_takes_onednn_by_the_rule(vendor, on, monkeypatch):
+    """Neither forced on nor off, a rule on the CPU chooses (never a stopwatch: the two GEMMs
+    round differently): oneDNN on AMD processors, MKL elsewhere; onednn_linear(...) still
+    forces either inside a block."""
     import attnkit.accel.onednn as onednn
 
-    calls = []
     monkeypatch.setattr(onednn._switch, "on", None)
-    monkeypatch.setattr(onednn, "_choice", None)
-    monkeypatch.setattr(onednn, "_remembered", lambda: calls.append(1) or {"faster": faster})
+    monkeypatch.setattr(onednn, "_RULE", vendor in onednn.ONEDNN_VENDORS)
+    monkeypatch.setattr(onednn.native, "cpu", lambda: {"vendor": vendor})
     x, w = torch.randn(10, 16), torch.randn(12, 16, requires_grad=True)
-    for _ in range(3):
-        assert (took_onednn(linear(x, w))) == faster
+    assert took_onednn(linear(x, w)) == on
     layer = use_onednn_products(torch.nn.Sequential(torch.nn.Linear(16, 12)))[0]
-    assert (took_onednn(layer(x))) == faster
-    assert calls == [1]
-    assert onednn.onednn_choice() == {"on": faster, "by": "measured", "faster": faster}
-    with onednn_linear(not faster):
-        assert (took_onednn(linear(x, w))) == (not faster)
-        assert onednn.onednn_choice()["by"] == f"ATTNKIT_ONEDNN_LINEAR={int(not faster)}"
-    assert onednn._switch.on is None  # the block restores the measured default
+    assert took_onednn(layer(x)) == on
+    choice = onednn.onednn_choice()
+    assert choice["on"] == on and choice["by"].endswith(f"this is {vendor}")
+    name = "oneDNN" if on else "MKL"
+    assert onednn.describe_choice() == f"float32 products: {name} ({choice['by']})"
+    with onednn_linear(not on):
+        assert took_onednn(linear(x, w)) == (not on)
+        assert onednn.onednn_choice()["by"] == f"ATTNKIT_ONEDNN_LINEAR={int(not on)}"
+    assert onednn._switch.on is None  # the block restores the rule's default
 
 
-def test_the_measured_choice_is_kept_per_processor_torch_and_thread_count(tmp_path, monkeypatch):
-    """A second process (a resumed run, another rank) reads the first one's choice instead of
-    measuring again, so the two run the same arithmetic."""
-    import json
-
+def test_the_rule_is_this_cpus_vendor_read_at_import():
     import attnkit.accel.onednn as onednn
+    from attnkit.accel import native
 
-    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
-    results = iter([{"faster": True, "mkl": 2.0, "onednn": 1.0}, {"faster": False}])
-    monkeypatch.setattr(onednn, "measure", lambda: next(results))
-    first = onednn._remembered()
-    assert first["faster"] is True and onednn._remembered() == first  # read back, not measured
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(before + 1)
-        assert onednn._remembered()["faster"] is False  # another thread count: measured anew
-    finally:
-        torch.set_num_threads(before)
-    kept = json.loads((tmp_path / "kernels" / "onednn.json").read_text())
-    assert len(kept) == 2 and all(f"torch {torch.__version__}" in key for key in kept)
+    assert onednn._RULE == (native.cpu()["vendor"] in ("AuthenticAMD",))
 
 
 @needs_onednn
@@ -175,7 +161,7 @@ def test_measure_times_both_gemms_from_inside_any_mode(where):
     assert got["faster"] == (got["onednn"] < onednn._MARGIN * got["mkl"])
 
 
-def test_the_environment_forces_onednn_off_or_on_or_leaves_it_measured():
+def test_the_environment_forces_onednn_off_or_on_or_leaves_it_to_the_rule():
     # The switch is read when the module is imported: one fresh process imports it under each
     # value in turn (a reload stands for a new process there; this one is left alone).
     import os
@@ -428,15 +414,12 @@ def test_the_choice_is_described_in_one_line(monkeypatch, value, name):
 
 
 @needs_onednn
-def test_a_measured_choice_is_described_with_its_times(monkeypatch):
+def test_a_benchmarks_choice_is_described_with_its_times():
     import attnkit.accel.onednn as onednn
 
-    monkeypatch.setattr(onednn._switch, "on", None)
-    monkeypatch.setattr(onednn, "_choice", {"mkl": 0.017, "onednn": 0.0192, "faster": False})
-    line = onednn.describe_choice()
-    assert line.startswith("float32 products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ")
-    saved = {"on": True, "by": "measured", "mkl": 0.02, "onednn": 0.01}  # a benchmark's record
-    assert onednn.describe_choice(saved).startswith("float32 products: oneDNN (one layer: MKL 20.0")
+    saved = {"on": True, "by": "rule", "mkl": 0.02, "onednn": 0.01}  # a benchmark's record
+    line = onednn.describe_choice(saved)
+    assert line == "float32 products: oneDNN (rule; one layer: MKL 20.0 ms, oneDNN 10.0 ms)"
 
 
 def test_prepare_for_decoding_lays_weights_out_once_and_saving_still_works(tmp_path):

@@ -126,7 +126,7 @@ class KVCache:
 
     def written(self, count: int) -> None:
         """``count`` more positions were written in place into ``k``, ``v`` and ``positions``
-        at ``[length, length + count)`` by a fused step (``accel.PackedDecoder``'s C call)
+        at ``[length, length + count)`` by a fused forward (``accel.PackedStack``'s C call)
         instead of :meth:`append`: they count as cached from now on."""
         if count < 0 or self.length + count > self.max_len:
             raise ValueError(

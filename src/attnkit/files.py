@@ -1,5 +1,6 @@
 """Atomic writes: a file (a report, a picture, a tokenizer, a log) or a directory (a model, a
-checkpoint) is either the old one or the whole new one, never half.
+checkpoint) is either the old one or the whole new one, never half; and the directory where
+attnkit keeps what it worked out once (:func:`cache_dir`).
 
 Each writer puts its bytes in a temporary file in the destination's own directory (so the rename
 never crosses a file system) and then ``os.replace``-s it over the destination, which is atomic
@@ -22,8 +23,16 @@ __all__ = [
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_text",
+    "cache_dir",
     "read_json",
 ]
+
+
+def cache_dir(part: str) -> Path:
+    """Where attnkit keeps what it worked out once (a GGUF vocabulary's merges):
+    ``~/.cache/attnkit/PART``, or ``$ATTNKIT_CACHE/PART``."""
+    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
+    return Path(root) / part
 
 
 def _destination(path: str | os.PathLike[str], owner: str) -> Path:

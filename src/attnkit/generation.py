@@ -21,8 +21,10 @@ models its ``length`` includes the prompt; attnkit's never does.
 
 ``compile=True`` runs each cached step through ``torch.compile`` with the weights frozen into it
 (:mod:`attnkit.accel.compiled`): the same tokens (tested), faster per step after a one-off
-compile. Without it, a Llama model with packed weights steps in C (``accel.PackedDecoder``),
-and other models lay each linear weight out for one-row products (``accel.decoding_layout``).
+compile. Without it, each step is the model's own forward: a Llama model with packed weights
+that ``accel.prepare(model, "decoding")`` readied runs its prompt and its steps in C
+(``accel.PackedStack``), and a model nobody prepared gets each linear weight laid out for
+one-row products for the call (``accel.decoding_layout``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor
 
 from attnkit import checks
-from attnkit.accel import compiled_step, decoding_layout, frozen_weights, packed_decoder
+from attnkit.accel import compiled_step, decoding_layout, frozen_weights
 
 __all__ = ["BeamHypothesis", "beam_search", "generate", "lm_step", "lm_stepper", "sample_next"]
 
@@ -97,12 +98,9 @@ def lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
 
 
 def lm_stepper(model, *, compile: bool = False, device: torch.device | None = None):
-    """A DecoderLM's cached one-token step, called as :func:`lm_step`: compiled, in C where
-    ``accel.packed_decoder`` takes the model, else :func:`lm_step` itself."""
-    if compile:
-        return compiled_step(lm_step, device)
-    decoder = packed_decoder(model)
-    return lm_step if decoder is None else partial(decoder.step, eager=lm_step)
+    """A DecoderLM's cached one-token step, called as :func:`lm_step`: compiled, else
+    :func:`lm_step` itself (the model's own forward, in C for a prepared packed model)."""
+    return compiled_step(lm_step, device) if compile else lm_step
 
 
 def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:

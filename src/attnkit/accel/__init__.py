@@ -37,7 +37,8 @@ processor: measure before relying on one).
                   ``with return_freed_memory():`` around a resident-memory measurement;
                   ``release_file_pages(tensor)``: a memory-mapped file's pages out of the
                   resident set (the integer path's tiles replace the file's blocks)
-    native.py     the C kernels (attention.c, lm_loss.c, packed.c), built at install by
+    native.py     the C kernels (attention.c, lm_loss.c, packed.c, tiles.c, llama_step.c),
+                  built at install by
                   setup.py into one library per instruction set (variants.py), the best this
                   CPU runs loaded at first use (``ATTNKIT_KERNELS`` names one, or ``off``);
                   none loaded: each caller falls back to PyTorch, and a warning says why
@@ -47,9 +48,9 @@ processor: measure before relying on one).
                   Q4_K / Q6_K blocks, multiplied by the C kernels: ``PackedLinear``,
                   ``PackedEmbedding`` (``from_pretrained(path, dequantize=False)`` puts them in);
                   ``use_integer_products(model)``: their int8-activation path
-    packed_step.py  a Llama model's decoding step with packed weights as one C call:
-                  ``packed_decoder(model)`` (off: ``packed_steps(False)`` or
-                  ``ATTNKIT_PACKED_STEP=0``)
+    packed_step.py  a Llama model's decoder stack with packed weights in C, prompt chunks and
+                  decoding steps alike, a module swap: ``packed_stack(model)`` (off:
+                  ``packed_steps(False)`` or ``ATTNKIT_PACKED_STEP=0``)
     quantize.py   any model's linear layers rounded to those blocks (weight-only int8 / int4):
                   ``quantize(model, "int4")``
 
@@ -85,7 +86,7 @@ from attnkit.accel.onednn import (
     use_onednn_products,
 )
 from attnkit.accel.packed import PackedEmbedding, PackedLinear, use_integer_products
-from attnkit.accel.packed_step import PackedDecoder, packed_decoder, packed_steps
+from attnkit.accel.packed_step import PackedStack, packed_stack, packed_steps
 from attnkit.accel.prepare import Lever, Prepared, levers, prepare
 from attnkit.accel.quantize import quantize
 from attnkit.accel.unpadded import unpad_stacks, unpadding
@@ -94,9 +95,9 @@ __all__ = [
     "FUSED_NAME",
     "FusedLMHead",
     "Lever",
-    "PackedDecoder",
     "PackedEmbedding",
     "PackedLinear",
+    "PackedStack",
     "Prepared",
     "apply",
     "attention_kernel",
@@ -118,7 +119,7 @@ __all__ = [
     "onednn_choice",
     "onednn_linear",
     "onednn_linear_available",
-    "packed_decoder",
+    "packed_stack",
     "packed_steps",
     "prepare",
     "quantize",

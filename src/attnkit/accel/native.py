@@ -79,7 +79,8 @@ def cpu_flags() -> frozenset[str]:
 @cache
 def cpu() -> dict[str, str]:
     """The CPU as ``lscpu`` names it, from ``/proc/cpuinfo``: ``model_name``, ``family``,
-    ``model``, and ``machine`` and ``cpus`` (what ``attnkit info`` and the benchmarks print)."""
+    ``model``, ``vendor``, and ``machine`` and ``cpus`` (what ``attnkit info`` and the
+    benchmarks print)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -92,6 +93,7 @@ def cpu() -> dict[str, str]:
         "model_name": fields.get("model name") or platform.processor() or platform.machine(),
         "family": fields.get("cpu family", "?"),
         "model": fields.get("model", "?"),
+        "vendor": fields.get("vendor_id", "?"),
         "machine": platform.machine(),
         "cpus": str(os.cpu_count()),
     }
@@ -155,15 +157,18 @@ def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
         # lm_loss.c
         "lm_loss_rows": (i, [i, p, i, i, p, p, f, i, *[p] * 3, i]),
         "transpose_add": (None, [p, p, *[i] * 5]),
-        # packed.c
+        # packed.c (the float path's blocks)
         "packed_matmul": (i, [i, *[p] * 3, *[i] * 4]),
+        "packed_dequantize": (i, [i, *[p] * 2, *[i] * 3]),
+        # tiles.c (the integer path)
         "packed_int8_path": (i, []),
         "packed_tile_rows": (i, []),
+        "packed_tile_layout": (i, []),
         "packed_tile": (i, [i, p, p, i, i, i]),
         "packed_matmul_tiles": (i, [i, *[p] * 3, *[i] * 4]),
-        "packed_dequantize": (i, [i, *[p] * 2, *[i] * 3]),
-        # layers, caches, n_layers, x, rows, positions, mask, threads
-        "packed_llama_step": (i, [layers, caches, i, p, i, p, p, i]),
+        # llama_step.c: layers, caches, n_layers, norm, eps, x, batch, tokens, positions, mask,
+        # threads
+        "packed_llama_forward": (i, [layers, caches, i, p, f, p, i, i, p, p, i]),
     }
     for function, (result, arguments) in signatures.items():
         getattr(lib, function).restype = result

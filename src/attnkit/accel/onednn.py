@@ -11,15 +11,14 @@ operands are float32 CPU tensors with at least a few rows runs through oneDNN, f
 dL/dW alike; everything else (other dtypes, autocast, other devices, single rows) runs as usual.
 Strict float32 throughout. The oneDNN path differentiates once (no second derivatives).
 ``onednn_linear(False)`` (or ``ATTNKIT_ONEDNN_LINEAR=0``) turns the path off everywhere, and
-``ATTNKIT_ONEDNN_LINEAR=1`` turns it on. By default the first use measures which GEMM is faster
-on this processor at the current thread count (:func:`measure`, well under a second) and takes
-oneDNN only where it wins (oneDNN's float32 GEMM was the faster on AMD's Zen 4 and Zen 5 in
-bench/history/, MKL's on an Intel Xeon). The choice is kept in
-``~/.cache/attnkit/kernels/onednn.json`` (``ATTNKIT_CACHE`` moves it), one per processor, torch
-version and thread count, so that every later process (a resumed run, the other ranks of a
-distributed one) makes the same choice and the same arithmetic; :func:`onednn_choice` says
-what it is and why (:func:`describe_choice` in one line, which ``attnkit train`` prints for a
-float32 run).
+``ATTNKIT_ONEDNN_LINEAR=1`` turns it on. By default a rule chooses, from the CPU alone, since the
+two GEMMs round differently and a stopwatch must never choose a model's arithmetic: oneDNN on
+AMD processors, whose float32 products MKL sends down slower code paths (one lm-small layer
+2.0x faster with oneDNN on a Zen 5, 1.1x on a Zen 4), MKL elsewhere (the faster one on the
+Intel Xeons measured: bench/history/). Every process on the same kind of CPU (a resumed run,
+the ranks of a distributed one) makes the same choice; :func:`onednn_choice` says what it is
+and why (:func:`describe_choice` in one line, which ``attnkit train`` prints for a float32
+run), and :func:`measure` times both for the benchmarks.
 
 Each product is the registered torch operator ``attnkit::onednn_mm`` with its gradients
 (:func:`onednn_mm`): autograd runs its registered backward, and inside a graph that
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.accel.measured import machine_key, remembered
+from attnkit.accel import native
 from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 
@@ -62,10 +61,13 @@ __all__ = [
 _MIN_ROWS = 8
 _switch = Switch("ATTNKIT_ONEDNN_LINEAR")
 if os.environ.get(_switch.env, "auto") not in ("0", "1"):
-    _switch.on = None  # neither forced on nor off: measured at first use (_enabled)
-# oneDNN must beat MKL by this much to be chosen: torch's own GEMM is the default.
+    _switch.on = None  # neither forced on nor off: the rule chooses (_enabled)
+# measure(): oneDNN beat MKL by at least this much to count as faster
 _MARGIN = 0.97
-_choice: dict | None = None  # the measured default, once known
+# the rule: the processors whose float32 products oneDNN takes by default; known at import,
+# so that a graph being compiled reads a constant
+ONEDNN_VENDORS = ("AuthenticAMD",)
+_RULE = native.cpu()["vendor"] in ONEDNN_VENDORS
 
 
 # Known at import, so that a graph being compiled reads a constant (Dynamo does not trace
@@ -90,16 +92,17 @@ def onednn_linear_available() -> bool:
 
 def onednn_linear(enabled: bool):
     """Turn the oneDNN path on or off inside a ``with`` block (benchmarks and tests compare
-    both). Outside one it is on where :func:`measure` found oneDNN faster, unless
-    ``ATTNKIT_ONEDNN_LINEAR`` is 0 (off) or 1 (on)."""
+    both). Outside one the rule chooses (the module docstring), unless ``ATTNKIT_ONEDNN_LINEAR``
+    is 0 (off) or 1 (on)."""
     return _switch(enabled)
 
 
 def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int = 5) -> dict:
     """Time one layer's products, forward and both gradients, up (``width`` -> ``hidden``)
     and down, by torch's GEMM (MKL) and by oneDNN, in alternating rounds at the current thread
-    count. Returns the fastest round of each in seconds (``"mkl"``, ``"onednn"``) and
-    ``"faster"``: whether oneDNN beat MKL by at least 3%, the choice the default makes."""
+    count (for the benchmarks: the default is a rule). Returns the fastest round of each in
+    seconds (``"mkl"``, ``"onednn"``) and ``"faster"``: whether oneDNN beat MKL by at least
+    3%."""
     if not onednn_linear_available():
         return {"mkl": None, "onednn": None, "faster": False}
     paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: onednn_mm(x, w, None)}
@@ -125,49 +128,32 @@ def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int 
 
 def onednn_choice() -> dict:
     """Whether oneDNN takes float32 products outside ``onednn_linear`` blocks (``"on"``) and
-    why (``"by"``: the environment variable, or the measurement with its times in seconds,
-    ``"mkl"`` and ``"onednn"``, and where it is kept). Measures first if nothing has yet."""
+    why (``"by"``: the environment variable, or the rule and this CPU's vendor)."""
     if _switch.on is not None:
         return {"on": _switch.on, "by": f"{_switch.env}={int(_switch.on)}"}
-    global _choice
-    if _choice is None:
-        _choice = _remembered()
-    return {"on": _choice["faster"], "by": "measured", **_choice}
+    vendor = native.cpu()["vendor"]
+    return {"on": _RULE, "by": f"rule: oneDNN on AMD processors, MKL elsewhere; this is {vendor}"}
 
 
 def describe_choice(choice: dict | None = None) -> str:
     """One line for a log: which GEMM takes float32 products here and why, e.g. "float32
-    products: MKL (one layer: MKL 17.0 ms, oneDNN 19.2 ms; ATTNKIT_ONEDNN_LINEAR=0 or 1 forces
-    one)". ``choice`` is an :func:`onednn_choice` result (a benchmark's saved one); by default
-    this process's, measured first if nothing has yet."""
+    products: MKL (rule: oneDNN on AMD processors, MKL elsewhere; this is GenuineIntel)".
+    ``choice`` is an :func:`onednn_choice` result (a benchmark's saved one, with the times it
+    measured where it has them); by default this process's."""
     if choice is None and not onednn_linear_available():
         return "float32 products: MKL (this torch build has no oneDNN linear)"
     choice = onednn_choice() if choice is None else choice
     name = "oneDNN" if choice["on"] else "MKL"
-    if choice["by"] != "measured" or not choice.get("mkl"):
+    if not choice.get("mkl"):
         return f"float32 products: {name} ({choice['by']})"
     mkl, onednn = choice["mkl"] * 1e3, choice["onednn"] * 1e3
-    return (
-        f"float32 products: {name} (one layer: MKL {mkl:.1f} ms, oneDNN {onednn:.1f} ms; "
-        "ATTNKIT_ONEDNN_LINEAR=0 or 1 forces one)"
-    )
-
-
-def _remembered() -> dict:
-    """This machine's measurement, kept (:func:`attnkit.accel.measured.remembered`)."""
-    return remembered("onednn", machine_key(), measure)
+    times = f"one layer: MKL {mkl:.1f} ms, oneDNN {onednn:.1f} ms"
+    return f"float32 products: {name} ({choice['by']}; {times})"
 
 
 def _enabled() -> bool:
-    """Whether the path is on: forced by the switch, else as measured (never while a graph is
-    being traced: there it stays off until an eager call has decided)."""
-    if _switch.on is not None:
-        return _switch.on
-    if _choice is None:
-        if torch.compiler.is_compiling():
-            return False
-        onednn_choice()  # measures, or reads the kept choice, once per process
-    return _choice["faster"]
+    """Whether the path is on: forced by the switch, else by the rule."""
+    return _RULE if _switch.on is None else _switch.on
 
 
 def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -286,9 +272,8 @@ class OneDNNLinear(nn.Linear):
 def use_onednn_products(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (exactly that class: quantized, packed or fused
     layers keep their own products) by a :class:`OneDNNLinear` over the same parameters;
-    returns the model. Which GEMM each product takes is still decided per call (the measured
-    choice, or ``onednn_linear(...)``/``ATTNKIT_ONEDNN_LINEAR``). ``enabled=False`` changes
-    nothing."""
+    returns the model. Which GEMM each product takes is still decided per call (the rule, or
+    ``onednn_linear(...)``/``ATTNKIT_ONEDNN_LINEAR``). ``enabled=False`` changes nothing."""
     if not enabled or not onednn_linear_available():
         return model
 

@@ -31,12 +31,12 @@ Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_li
 (:func:`register_operator`), which stays one call inside a compiled step.
 
 The kernel is built at install, one variant per instruction set, the CPU's own loaded at run
-time (:mod:`attnkit.accel.native`). Up to ``PROMPT_ROWS`` rows go through
-it, ``MAX_ROWS`` at a time. A longer input (a prompt), a gradient, or no kernels: the blocks
-are dequantized to float32 (by the kernel's one-pass ``packed_dequantize``, or by
+time (:mod:`attnkit.accel.native`). Every product without a gradient goes through it,
+``MAX_ROWS`` rows at a time, each row alone: a row's result never depends on how many rows share
+the call (a prompt, a batch, one decoding step). A gradient, another device, or no kernels: the
+blocks are dequantized to float32 (by the kernel's one-pass ``packed_dequantize``, or by
 :func:`dequantize` without it; both bit for bit ``gguf.quants``), a few thousand rows at a time,
-and go through a GEMM, which reuses each weight for many rows: oneDNN's where
-``accel.onednn.linear`` takes the product (``ATTNKIT_ONEDNN_LINEAR=0`` turns it off), else
+and go through a GEMM: oneDNN's where ``accel.onednn.linear`` takes the product, else
 ``F.linear``'s.
 """
 
@@ -62,6 +62,7 @@ __all__ = [
     "MAX_ROWS",
     "PackedEmbedding",
     "PackedLinear",
+    "check_tile_layout",
     "dequantize",
     "int8_path",
     "packed_kernel",
@@ -70,6 +71,7 @@ __all__ = [
     "repack_q5_0",
     "repack_q5_k",
     "repack_q6_k",
+    "tiles_changed",
     "use_integer_products",
 ]
 
@@ -77,8 +79,8 @@ _KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
 TILE_CODES = {kind: 8 + code for kind, code in _KIND_CODES.items()}  # packed_tile's output
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
+_changes = 0  # how many times a PackedLinear took or left its tiles (tiles_changed())
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
-PROMPT_ROWS = 32  # longer inputs: dequantize a layer and multiply with torch's GEMM
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,7 +94,7 @@ def packed_kernel():
     return native.library()
 
 
-LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_step's layer
+LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_forward's layer
 LlamaCache = native.structure("LlamaCache")  # ... and a layer's cache
 
 _INT8_PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "plain C"}
@@ -130,11 +132,10 @@ class PackedLinear(nn.Module):
     """``y = x W^T + b`` with W (out_features, in_features) kept as rows of blocks.
 
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
-    model's state); ``bias`` (out_features,) float32, optional. Up to ``PROMPT_ROWS`` rows
-    without a gradient go through the packed kernel, with float32 activations, and anything
-    else through a GEMM on the dequantized weight; with ``integer`` True, int8 activations
-    through tiles, any number of rows (``MAX_ROWS`` at a time: a row's result does not depend
-    on how a prompt was split, as with llama.cpp's integer path).
+    model's state); ``bias`` (out_features,) float32, optional. Rows without a gradient go
+    through the packed kernel, ``MAX_ROWS`` at a time (a row's result does not depend on the
+    others), with float32 activations, or with ``integer`` True int8 activations through
+    tiles; anything else through a GEMM on the dequantized weight.
     """
 
     @property
@@ -161,6 +162,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("blocks", blocks.contiguous())
         self.register_buffer("bias", bias)
         self.register_buffer("tiles", None, persistent=False)
+        self.tile_layout: int | None = None  # the kernels' packed_tile_layout() that made tiles
         self.set_integer(integer)
 
     @property
@@ -170,15 +172,19 @@ class PackedLinear(nn.Module):
 
     def set_integer(self, enabled: bool) -> None:
         """Take the integer path (``enabled``) or the float32 one. The integer path reads the
-        blocks repacked into tiles (once; ``tiles``, not saved with the model); rows that make
-        no whole tiles (or no kernels) stay on the float32 path. Blocks that are a view of a
+        blocks repacked into tiles (once; ``tiles``, not saved with the model); without kernels
+        the layer stays on the float32 path. Blocks that are a view of a
         memory-mapped file (``load_gguf``'s) leave the resident set as they are tiled
         (``accel.memory.release_file_pages``): the file's pages are read again only if the
         float32 path or a lookup of a tied table needs them."""
-        if not enabled:
-            self.tiles = None
-        elif self.tiles is None:
+        global _changes
+        if not enabled and self.tiles is not None:
+            self.tiles, self.tile_layout = None, None
+            _changes += 1
+        elif enabled and self.tiles is None:
             self.tiles = _tiled(self.blocks, self.kind, self.in_features, release=True)
+            self.tile_layout = None if self.tiles is None else packed_kernel().packed_tile_layout()
+            _changes += 1
 
     def extra_repr(self) -> str:
         integer = ", int8 activations" if self.integer else ""
@@ -203,19 +209,34 @@ class PackedLinear(nn.Module):
             usable, product = _operator is not None, _operator
         else:
             usable, product = packed_kernel() is not None, _packed_product
-        tiled = self.tiles is not None  # the integer path takes every row: one arithmetic
-        if (
-            not usable
-            or x.device.type != "cpu"
-            or (x.requires_grad and torch.is_grad_enabled())
-            or (x.numel() > PROMPT_ROWS * self.in_features and not tiled)
-        ):
-            y = self._dequantized_product(x)  # a prompt: a GEMM beats the kernel
+        if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+            y = self._dequantized_product(x)
         elif self.tiles is not None:
+            check_tile_layout(self)
             y = product(x, self.tiles, TILE_CODES[self.kind], self.out_features)
         else:
             y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def tiles_changed() -> int:
+    """A count that grows whenever a PackedLinear takes or leaves the integer path: what reads
+    the tiles' addresses (``PackedStack``) knows from it when to read them again."""
+    return _changes
+
+
+def check_tile_layout(layer: PackedLinear) -> None:
+    """Refuse tiles made by kernels of another layout than the ones in use (rows per tile, and
+    whether bytes carry VNNI's offset, depend on the variant: ``packed.c``'s
+    ``packed_tile_layout``): read under another, they would give wrong products."""
+    kernel = packed_kernel()
+    if kernel is not None and layer.tile_layout != kernel.packed_tile_layout():
+        raise RuntimeError(
+            f"PackedLinear: its tiles were made by kernels of tile layout {layer.tile_layout}, "
+            f"but the {native.variant()!r} kernels in use read layout "
+            f"{kernel.packed_tile_layout()}; call accel.use_integer_products(model) again "
+            "under these kernels"
+        )
 
 
 def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
@@ -235,15 +256,17 @@ def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
 
 
 def _tiled(blocks: Tensor, kind: str, in_features: int, release: bool = False) -> Tensor | None:
-    """``blocks`` repacked into tiles for the integer path (``packed.c``'s ``packed_tile``), or
-    None where the kernel cannot: no kernels, or rows that do not make whole tiles. With
+    """``blocks`` repacked into tiles for the integer path (``tiles.c``'s ``packed_tile``; the
+    rows rounded up to whole tiles, the padding zero weights), or None without kernels. With
     ``release``, the pages of blocks that a memory-mapped file holds leave the resident set as
     soon as their rows are tiled (``DEQUANTIZED_ROWS`` rows at a time), so that the file's
     blocks and their tiles are never resident together whole."""
     kernel = packed_kernel()
-    if kernel is None or len(blocks) % kernel.packed_tile_rows():
+    if kernel is None:
         return None
-    tiles = torch.empty(len(blocks), in_features // 32 * TILE_BYTES[kind], dtype=torch.uint8)
+    height = kernel.packed_tile_rows()
+    padded = -(-len(blocks) // height) * height
+    tiles = torch.empty(padded, in_features // 32 * TILE_BYTES[kind], dtype=torch.uint8)
     threads = torch.get_num_threads()
     for start in range(0, len(blocks), DEQUANTIZED_ROWS):  # a multiple of the tiles' rows
         rows, out = (
@@ -349,25 +372,3 @@ def use_integer_products(model: nn.Module, enabled: bool = True) -> int:
             module.set_integer(enabled)
             count += 1
     return count
-
-
-def time_paths(layer: PackedLinear, rounds: int = 7) -> dict[str, float]:
-    """The fastest of ``rounds`` one-row products through ``layer``'s blocks, in seconds, by
-    the float32 path and the integer one (alternating, after a warm-up); the integer one is
-    infinite where the rows make no whole tiles."""
-    import time
-
-    x = torch.randn(1, layer.in_features, generator=torch.Generator().manual_seed(0))
-    tiles = _tiled(layer.blocks, layer.kind, layer.in_features)
-    paths = {"float32": (layer.blocks, _KIND_CODES[layer.kind])}
-    if tiles is not None:
-        paths["int8"] = (tiles, TILE_CODES[layer.kind])
-    best = {"float32": float("inf"), "int8": float("inf")}
-    for round_ in range(rounds + 1):
-        for name, (weights, code) in paths.items():
-            start = time.perf_counter()
-            for _ in range(4):
-                _packed_product(x, weights, code, layer.out_features)
-            if round_:
-                best[name] = min(best[name], (time.perf_counter() - start) / 4)
-    return best

@@ -1,12 +1,13 @@
-"""A decoding step of a Llama-family model with packed weights, one C call for all layers.
+"""A Llama-family decoder stack with packed weights, run in C: every new token in one call per
+chunk, the same arithmetic whatever shares the call.
 
 Eager PyTorch runs a Llama layer's one-token step as about 66 tensor operations (two RMSNorms,
 RoPE, the cache, attention, SwiGLU, residual adds), each a few microseconds of dispatch, around
 five products through :class:`~attnkit.accel.PackedLinear`; for SmolLM2-135M's 30 layers that
-is more time than the products themselves (``bench/gguf_profile.py``). :class:`PackedDecoder`
-runs the same arithmetic for every layer in one call into ``packed.c`` (``packed_llama_step``:
-one parallel region for the whole stack, the products by the same kernel as ``PackedLinear``,
-on its float32 or integer path as the layer's products are set)::
+is more time than the products themselves (``bench/gguf_profile.py``). :class:`PackedStack` runs
+the same arithmetic for every layer and the final norm in one call into ``llama_step.c``
+(``packed_llama_forward``: one parallel region, the products by the same kernels as
+``PackedLinear``, on its float32 or integer path as the layer's products are set)::
 
     h = RMSNorm_1(x);  q, k, v = h W_in;  q, k = RoPE(q, k, position);  cache[t] = k, v
     x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
@@ -17,15 +18,20 @@ RoPE (``qk_norm``), a norm on each sublayer's output before its residual add
 (``sandwich_norms``), GeGLU with tanh's GELU, heads wider than ``d_model / n_heads``, and
 sliding-window layers whose ``RollingKVCache`` ring the C call writes and reads.
 
-The embedding lookup, the final norm and the output layer stay in PyTorch. The model is not
-changed: the decoder reads its weights, norms and KV caches as they are, and writes this step's
-keys and values into the same caches, so eager and C steps can follow each other. Only what it
-can run exactly is taken (:func:`why_not` says why not otherwise): a ``DecoderLM``-like model
-whose layers are Pre-LN, RMSNorm, RoPE, full or window attention, SwiGLU or GeGLU, without
-biases, each product packed or a float32 linear layer (Gemma's Q6_K ones), in evaluation mode,
-in float32 on the CPU, one new token per row, at most ``MAX_ROWS`` rows, with the compiled
-kernel. The logits equal the eager packed step's up to
-float32 rounding order (``tests/test_packed_step.py``).
+**One answer per token.** A call takes B sequences and T new tokens of each: a prompt runs in
+chunks of ``MAX_ROWS`` tokens, a decoding step is T = 1, a server's batch is B rows. A token's
+hidden state is computed by the same operations in the same order whatever else is in the call
+(``llama_step.c``), so it does not depend on how the prompt was split, on whether a prompt
+cache gave its prefix, or on the other requests in a batch: bit for bit, on the float path and
+on the integer path; and on the integer path, the same bits on every kernel variant.
+
+**A module swap.** ``accel.prepare(model, "decoding")`` replaces the model's ``Decoder`` by a
+:class:`PackedStack` over the same layers (:func:`packed_stack`), where :func:`why_not` finds
+nothing against it. Its ``forward`` takes what the C call can run (evaluation mode, no
+gradient, float32 on the CPU, no attention weights asked for, at most ``MAX_ROWS`` sequences,
+caches that are the layers' own kinds) and hands anything else to ``Decoder.forward``, whose
+eager steps can follow C steps on the same caches. The embedding lookup and the output layer
+stay in PyTorch (a row's lookup and a packed product do not depend on the other rows either).
 """
 
 from __future__ import annotations
@@ -43,31 +49,37 @@ from attnkit.accel.packed import (
     LlamaCache,
     LlamaLayer,
     PackedLinear,
+    check_tile_layout,
     packed_kernel,
+    tiles_changed,
 )
+from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 from attnkit.caches import KVCache, RollingKVCache
 from attnkit.layers import DecoderLayer
-from attnkit.position import positions_from_mask
+from attnkit.stacks import Decoder
 
-__all__ = ["PackedDecoder", "packed_decoder", "packed_steps", "why_not"]
+__all__ = ["PackedStack", "packed_stack", "packed_steps", "why_not"]
 
 _EPS = torch.finfo(torch.float32).eps  # RMSNorm's epsilon where the norm names none
-_ACTIVATIONS = {"swiglu": 0, "geglu": 1}  # the FFN's gate, by packed_llama_step's code
+_ACTIVATIONS = {"swiglu": 0, "geglu": 1}  # the FFN's gate, by llama_step.c's code
 _switch = Switch("ATTNKIT_PACKED_STEP")
 
 
 def packed_steps(enabled: bool):
-    """Turn :func:`packed_decoder` on or off inside a ``with`` block (benchmarks and tests
-    compare both). The default is on; ``ATTNKIT_PACKED_STEP=0`` turns it off."""
+    """Turn the C forward of :class:`PackedStack` on or off inside a ``with`` block (benchmarks
+    and tests compare both: off, the same stack runs ``Decoder.forward``). The default is on;
+    ``ATTNKIT_PACKED_STEP=0`` turns it off, and ``prepare`` then swaps nothing."""
     return _switch(enabled)
 
 
 def why_not(model: nn.Module) -> str | None:
-    """Why :class:`PackedDecoder` cannot run ``model``'s steps (a few words), or None when it
-    can (``generate`` puts the model in evaluation mode first)."""
+    """Why :class:`PackedStack` cannot run ``model``'s decoder (a few words), or None when it
+    can."""
     cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(model, "decoder") or not hasattr(model, "lm_head"):
+    if cfg is None or not isinstance(getattr(model, "decoder", None), Decoder):
+        return "not a decoder-only language model"
+    if not hasattr(model, "lm_head"):
         return "not a decoder-only language model"
     wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", bias=False, n_experts=0)
     for name, value in wanted.items():
@@ -87,28 +99,33 @@ def why_not(model: nn.Module) -> str | None:
             return "a layer has no packed products"
         if layer.parts().cross_attention is not None:
             return "the layers have cross-attention"
+    floats = [t for block in model.decoder.layers for t in _floats(block)]
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in floats):
+        return "the norms and RoPE are not float32 on the CPU"
     if packed_kernel() is None:
         return "no native kernels (see attnkit info)"
     return None
 
 
-def packed_decoder(model: nn.Module) -> PackedDecoder | None:
-    """A :class:`PackedDecoder` for ``model``, or None where it cannot run its steps (or the
-    lever is off)."""
-    if not _switch.on or why_not(model) is not None or model.training:
-        return None
-    return PackedDecoder(model)
+def packed_stack(model: nn.Module) -> nn.Module:
+    """Swap ``model``'s decoder stack for a :class:`PackedStack` over the same layers (where
+    :func:`why_not` finds nothing against it and the lever is on); returns the model."""
+    if not _switch.on or why_not(model) is not None:
+        return model
+    return swap_modules(
+        model, lambda m: PackedStack.of(m) if m is model.decoder and type(m) is Decoder else None
+    )
 
 
 def _products(block: DecoderLayer) -> tuple[nn.Module, ...]:
-    """A DecoderLayer's products in packed_llama_step's order: in_proj, out_proj, gate, up, down
+    """A DecoderLayer's products in llama_step.c's order: in_proj, out_proj, gate, up, down
     (read through the layer's ``parts()``)."""
     attention, ffn = block.parts().attention, block.parts().ffn
     return attention.in_proj, attention.out_proj, ffn.gate, ffn.up, ffn.down
 
 
 def _floats(block: DecoderLayer) -> list[Tensor]:
-    """A DecoderLayer's float tensors that packed_llama_step reads: norm gains (QK-norms and
+    """A DecoderLayer's float tensors that llama_step.c reads: norm gains (QK-norms and
     sandwich norms where there are any), RoPE's frequencies."""
     parts = block.parts()
     attention = parts.attention
@@ -123,6 +140,30 @@ def _address(module: nn.Module | None) -> int | None:
 
 def _eps(norm: nn.Module) -> float:
     return norm.eps if norm.eps is not None else _EPS
+
+
+def _weights(product: nn.Module) -> Tensor | None:
+    """What the C call reads of a product: a packed one's tiles (integer path) or blocks, a
+    float32 linear layer's weight storage; None for anything else."""
+    if isinstance(product, PackedLinear):
+        return product.blocks if product.tiles is None else product.tiles
+    if type(product) is nn.Linear and product.bias is None:
+        w = product.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2:
+            if w.is_contiguous():
+                return w
+            if w.t().is_contiguous():  # laid out for decoding: (in, out) rows
+                return w.t()
+    return None
+
+
+def _code(product: nn.Module) -> int:
+    if isinstance(product, PackedLinear):
+        if product.tiles is None:
+            return _KIND_CODES[product.kind]
+        check_tile_layout(product)
+        return TILE_CODES[product.kind]
+    return 16 if product.weight.is_contiguous() else 17  # float32 (N, K), or (K, N)
 
 
 def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
@@ -148,140 +189,141 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
         attn_out_norm=_address(parts.attention_out_norm),
         ffn_out_norm=_address(parts.ffn_out_norm),
         activation=_ACTIVATIONS[ffn.activation],
-        window=attention.window if attention.attention == "window" else 0,
+        window=_window(block),
     )
 
 
-def _weights(product: nn.Module) -> Tensor | None:
-    """What the C step reads of a product: a packed one's tiles (integer path) or blocks, a
-    float32 linear layer's weight storage; None for anything else."""
-    if isinstance(product, PackedLinear):
-        return product.blocks if product.tiles is None else product.tiles
-    if type(product) is nn.Linear and product.bias is None:
-        w = product.weight
-        if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2:
-            if w.is_contiguous():
-                return w
-            if w.t().is_contiguous():  # laid out for decoding: (in, out) rows
-                return w.t()
-    return None
+def _window(block: DecoderLayer) -> int:
+    """A layer's attention window, 0 for full attention."""
+    attention = block.parts().attention
+    return attention.window if attention.attention == "window" else 0
 
 
-def _code(product: nn.Module) -> int:
-    if isinstance(product, PackedLinear):
-        return _KIND_CODES[product.kind] if product.tiles is None else TILE_CODES[product.kind]
-    return 16 if product.weight.is_contiguous() else 17  # float32 (N, K), or (K, N)
+class PackedStack(Decoder):
+    """A :class:`~attnkit.stacks.Decoder` whose forward runs in C where it can (see the module
+    docstring); built by :meth:`of` over an existing stack's layers (nothing is copied)."""
 
+    @classmethod
+    def of(cls, decoder: Decoder) -> PackedStack:
+        stack = rebuilt(cls, decoder)
+        stack._windows = [_window(block) for block in decoder.layers]  # for the caches' check
+        stack._described = None  # (what it was made under, the C layers, the tensors behind)
+        stack._caches = None  # (the cache tensors' addresses, their C descriptions)
+        return stack
 
-class PackedDecoder:
-    """Runs ``model``'s cached one-token steps through ``packed_llama_step``.
+    def layers_in_c(self) -> ctypes.Array:
+        """The layers' C descriptions, made again whenever a packed product took or left the
+        integer path (``tiles_changed``) or other kernels are in use (whose tiles' layout is
+        checked then). They hold raw addresses: the tensors behind them are kept alive with
+        them. (A float32 product's weight replaced after the swap is not seen: the old one is
+        kept and read.)"""
+        made_under = (tiles_changed(), packed_kernel())
+        if self._described is None or self._described[0] != made_under:
+            blocks = list(self.layers)
+            described = (LlamaLayer * len(blocks))(*[_layer(b, self.cfg) for b in blocks])
+            held = [_weights(p) for b in blocks for p in _products(b)]
+            held += [t for block in blocks for t in _floats(block)]
+            self._described = made_under, described, held
+        return self._described[1]
 
-    ``step(model, tokens, mask, cache)`` has the signature and result of the eager step
-    (logits (B, V) for tokens (B, 1) after ``cache.length`` cached positions; ``mask`` (B,
-    length + 1) True on real tokens, or None) and falls back to ``eager`` for a call it cannot
-    take (a prompt, more than ``MAX_ROWS`` rows, a cache that is not a plain float32 KVCache,
-    or for a window layer a RollingKVCache of its window).
-    Build it after the weights are final: it keeps their addresses."""
-
-    def __init__(self, model: nn.Module) -> None:
-        reason = "the model is in training mode" if model.training else why_not(model)
-        if reason is not None:
-            raise ValueError(f"PackedDecoder: cannot run this model's steps: {reason}")
-        blocks = model.decoder.layers
-        floats = [t for block in blocks for t in _floats(block)]
-        if any(
-            t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
-            for t in floats
-        ):
-            raise ValueError("PackedDecoder: the norms and RoPE must be float32 on the CPU")
-        self.model = model
-        self.layers = (LlamaLayer * len(blocks))(*[_layer(block, model.cfg) for block in blocks])
-        self._caches: tuple[tuple, ctypes.Array] | None = None  # the last cache's C view
-        # The C descriptions hold raw addresses: keep the tensors behind them alive, so that a
-        # weight replaced on the model later leaves this decoder with the old values, never
-        # with freed memory.
-        self._held = floats + [_weights(p) for block in blocks for p in _products(block)]
-
-    def accepts(self, tokens: Tensor, cache, mask: Tensor | None = None) -> bool:
-        """Whether :meth:`step` runs this call in C (else it falls back)."""
-        caches = getattr(cache, "self_attn", None)
-        if (
-            tokens.dim() != 2
-            or tokens.shape[1] != 1
-            or not 1 <= tokens.shape[0] <= MAX_ROWS
-            or caches is None
-            or getattr(cache, "cross_attn", None) is not None
-            or len(caches) != len(self.layers)
-            or caches[0].length < 1
-        ):
+    def _takes(self, x, memory, self_mask, cache, return_attention, rows) -> bool:
+        if not _switch.on or self.training or torch.is_grad_enabled() or return_attention:
             return False
-        rows = tokens.shape[0]
-        for layer, c in zip(self.layers, caches, strict=True):
-            if not (
-                c.k.dtype == torch.float32
-                and c.k.is_contiguous()
-                and c.v.is_contiguous()
-                and c.positions.is_contiguous()
-                and c.k.device.type == "cpu"
-                and c.k.shape[0] == rows
-            ):
+        if memory is not None or rows is not None or x.dim() != 3 or x.device.type != "cpu":
+            return False
+        if x.dtype != torch.float32 or not 1 <= x.shape[0] <= MAX_ROWS or packed_kernel() is None:
+            return False
+        if self_mask is not None and not (
+            self_mask.dtype == torch.bool
+            and self_mask.dim() == 4
+            and self_mask.shape[1:3] == (1, 1)
+        ):
+            return False  # only a key padding mask
+        if cache is None:
+            return True
+        if cache.cross_attn is not None or len(cache.self_attn) != len(self.layers):
+            return False
+        for window, kv in zip(self._windows, cache.self_attn, strict=True):
+            kind = RollingKVCache if window else KVCache
+            if type(kv) is not kind or kv.k.dtype != torch.float32 or kv.k.device.type != "cpu":
                 return False
-            if layer.window:  # a ring of the last `window` positions, this token real
-                if not (
-                    type(c) is RollingKVCache
-                    and c.window == layer.window
-                    and c.valid.is_contiguous()
-                    and (mask is None or bool(mask[:, -1].all()))
-                ):
-                    return False
-            elif type(c) is not KVCache or not c.length < c.max_len:
+            if kv.k.shape[0] != x.shape[0] or not (kv.k.is_contiguous() and kv.v.is_contiguous()):
+                return False
+            if window and (kv.window != window or not kv.valid.is_contiguous()):
+                return False
+            if not window and kv.length + x.shape[1] > kv.max_len:
                 return False
         return True
 
-    def step(self, model, tokens: Tensor, mask: Tensor | None, cache, eager) -> Tensor:
-        if model is not self.model or not self.accepts(tokens, cache, mask):
-            return eager(model, tokens, mask, cache)
-        caches, past = cache.self_attn, cache.length
-        b = tokens.shape[0]
-        if mask is None:
-            positions = torch.full((b,), past, dtype=torch.long)
-            valid = None
-        else:
-            positions = positions_from_mask(mask)[:, past].contiguous()  # (B,)
-            valid = None if bool(mask.all()) else mask.contiguous()  # (B, past + 1) bool
-        x = model.embeddings(tokens, positions[:, None]).reshape(b, -1).float().contiguous()
-        table = self.cache_table(caches)
-        for entry, kv in zip(table, caches, strict=True):
-            entry.length = kv.length
-        status = packed_kernel().packed_llama_step(
-            self.layers, table, len(table), x.data_ptr(), b, positions.data_ptr(),
-            None if valid is None else valid.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
-        if status != 0:  # cannot happen for what accepts() let through
-            raise RuntimeError(f"packed_llama_step failed ({status})")
-        for layer, kv in zip(self.layers, caches, strict=True):
-            if layer.window:
-                kv.length += 1  # the C call set the ring's flag for this step's slot
-            else:
-                kv.written(1)  # the C call wrote this step's key and value into the cache
-        x = model.decoder.norm(x)
-        return model.lm_head(x)  # (B, V)
+    def forward(
+        self,
+        x,
+        memory=None,
+        *,
+        self_mask=None,
+        memory_mask=None,
+        positions=None,
+        cache=None,
+        return_attention=False,
+        rows=None,
+        memory_rows=None,
+    ):
+        if not self._takes(x, memory, self_mask, cache, return_attention, rows):
+            return super().forward(
+                x, memory, self_mask=self_mask, memory_mask=memory_mask, positions=positions,
+                cache=cache, return_attention=return_attention, rows=rows,
+                memory_rows=memory_rows,
+            )  # fmt: skip
+        b, n, _ = x.shape
+        if cache is None:  # the keys and values of this call alone
+            cache = self.new_cache(b, n, dtype=x.dtype)
+        past = cache.length
+        if positions is None:
+            positions = torch.arange(past, past + n)
+        positions = positions.expand(b, n).contiguous()  # (B, N)
+        valid = None if self_mask is None else self_mask.reshape(b, past + n).to(torch.uint8)
+        layers, table = self.layers_in_c(), self.cache_table(cache.self_attn)
+        out = x.contiguous().clone()
+        chunk = max(1, MAX_ROWS // b)  # tokens per sequence and call
+        for start in range(0, n, chunk):
+            t = min(chunk, n - start)
+            part = out[:, start : start + t].contiguous()  # (B, t, D): a view when B = 1
+            for entry, kv in zip(table, cache.self_attn, strict=True):
+                entry.length = kv.length
+            mask = None if valid is None else valid[:, : past + start + t].contiguous()
+            where = positions[:, start : start + t].contiguous()
+            status = packed_kernel().packed_llama_forward(
+                layers, table, len(table), self.norm.weight.data_ptr(), _eps(self.norm),
+                part.data_ptr(), b, t, where.data_ptr(),
+                None if mask is None else mask.data_ptr(), torch.get_num_threads(),
+            )  # fmt: skip
+            if status != 0:  # cannot happen for what _takes() let through
+                raise RuntimeError(f"packed_llama_forward failed ({status})")
+            if b > 1:
+                out[:, start : start + t] = part
+            for kv in cache.self_attn:
+                if isinstance(kv, KVCache):
+                    kv.written(t)  # the C call wrote these keys and values into the cache
+                else:
+                    kv.length += t  # ... and into the ring, with its slots' flags
+        nothing = [None] * len(self.layers)
+        return out, nothing, list(nothing)
 
     def cache_table(self, caches) -> ctypes.Array:
-        """The caches' C descriptions (``LlamaCache``, one per layer), built once per set of
-        cache tensors (a generation's) and kept: only the lengths change between steps."""
+        """The caches' C descriptions (``LlamaCache``, one per layer), made once per set of cache
+        tensors (a generation's) and kept: only the lengths change between calls."""
         fields = [
             {
                 "k": kv.k.data_ptr(),
                 "v": kv.v.data_ptr(),
                 "positions": kv.positions.data_ptr(),
-                "valid": kv.valid.data_ptr() if layer.window else None,
-                "slots": kv.window if layer.window else kv.max_len,
+                "valid": kv.valid.data_ptr() if isinstance(kv, RollingKVCache) else None,
+                "slots": kv.window if isinstance(kv, RollingKVCache) else kv.max_len,
             }
-            for layer, kv in zip(self.layers, caches, strict=True)
+            for kv in caches
         ]
         key = [tuple(f.values()) for f in fields]  # every field but the length
         if self._caches is None or self._caches[0] != key:
-            entries = [LlamaCache(**f, length=0) for f in fields]  # lengths: set by step()
+            entries = [LlamaCache(**f, length=0) for f in fields]  # lengths: set per call
             self._caches = key, (LlamaCache * len(entries))(*entries)
         return self._caches[1]

@@ -15,10 +15,15 @@ chooses and reports:
   the model (module swaps), and its attention layers choose the C kernel; glibc's kept memory
   acts on the process (``training.config.step_context``); compiled layers are the recipe's
   ``train.compile``;
-- decoding: a Llama model with packed GGUF weights steps in C; its packed products take the
-  integer path (int8 activations) where it measures faster on the model's own layers; the
-  linear weights are laid out for one-row products once; ``generate(compile=True)`` compiles
-  the step.
+- decoding: a Llama model with packed GGUF weights runs its decoder stack in C (a module
+  swap); its packed products take the integer path (int8 activations), by a rule: on every CPU
+  with the native kernels, whose variants all give that path the same bits, so the same file
+  gives the same answers on any x86 machine (``exact=True``, ``--exact`` or ``ATTNKIT_INT8=0``:
+  the float32 path); the linear weights are laid out for one-row products once;
+  ``generate(compile=True)`` compiles the step.
+
+No lever that changes a model's arithmetic is chosen by timing it: each is on or off by a rule
+that reads the CPU, the model and the switches, and says so in its reason.
 """
 
 from __future__ import annotations
@@ -33,14 +38,14 @@ from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their swi
 from attnkit.accel.attention import tiles_available, use_attention_kernel
 from attnkit.accel.decoding import lay_out_for_decoding
 from attnkit.accel.lm_loss import fuse_lm_loss
-from attnkit.accel.measured import machine_key, remembered
 from attnkit.accel.onednn import (
     describe_choice,
     onednn_choice,
     onednn_linear_available,
     use_onednn_products,
 )
-from attnkit.accel.packed import PackedLinear, int8_path, time_paths, use_integer_products
+from attnkit.accel.packed import PackedLinear, int8_path, use_integer_products
+from attnkit.accel.packed_step import packed_stack
 from attnkit.accel.switch import switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
@@ -124,38 +129,25 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
     return levers
 
 
-_INT8 = "ATTNKIT_INT8"  # 0: the float32 path, 1: the integer path, unset: measured
+_INT8 = "ATTNKIT_INT8"  # 0: the float32 path, 1 or unset: the integer path (the rule)
+INT8_RULE = "the integer path wherever the kernels are built: the same bits on every variant"
 
 
-def _integer_lever(model: nn.Module | None) -> Lever:
+def _integer_lever(model: nn.Module | None, exact: bool = False) -> Lever:
     """int8-products: whether packed products take the integer path, and why."""
-    forced = os.environ.get(_INT8)
-    if forced == "0":
-        return Lever("int8-products", False, f"{_INT8}=0")
+    if exact:
+        return Lever("int8-products", False, "exact: float32 activations, as asked")
+    if os.environ.get(_INT8) == "0":
+        return Lever("int8-products", False, f"{_INT8}=0: float32 activations")
     path = int8_path()
     if path is None:
         return Lever("int8-products", False, "no native kernels (see attnkit info)")
-    if model is None:
-        why = f"{_INT8}=1" if forced == "1" else "where it measures faster on the model"
-        return Lever("int8-products", True, f"{path}; {why}")
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    if not packed:
+    if model is not None and not any(isinstance(m, PackedLinear) for m in model.modules()):
         return Lever("int8-products", False, "no packed weights")
-    if forced == "1":
-        return Lever("int8-products", True, f"{path}; {_INT8}=1")
-    layer = max(packed, key=lambda m: m.blocks.numel())
-    shape = f"{layer.kind} {layer.out_features} x {layer.in_features}"
-    key = f"{machine_key()}, {native.variant()} kernels, {shape}"
-    times = remembered("int8", key, lambda: time_paths(layer))  # every process agrees
-    if times["int8"] == float("inf"):
-        return Lever("int8-products", False, f"{path}; {shape}: its rows make no whole tiles")
-    faster = times["int8"] < 0.97 * times["float32"]
-    ms = {name: f"{times[name] * 1e3:.3f} ms" for name in ("int8", "float32")}
-    why = f"{path}; one row x {layer.out_features}: int8 {ms['int8']}, float32 {ms['float32']}"
-    return Lever("int8-products", faster, why)
+    return Lever("int8-products", True, f"{path}; rule: {INT8_RULE}")
 
 
-def _decoding_levers(model: nn.Module | None) -> list[Lever]:
+def _decoding_levers(model: nn.Module | None, exact: bool = False) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
     packed = _kernel_lever(
         "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama and Gemma 3, {native.variant()} kernels"
@@ -165,7 +157,7 @@ def _decoding_levers(model: nn.Module | None) -> list[Lever]:
         packed = Lever("packed-step", why is None, packed.why if why is None else why)
     return [
         packed,
-        _integer_lever(model),
+        _integer_lever(model, exact),
         Lever("decoding-layout", layout.on, "once, in place" if layout.on else layout.why_off),
         Lever("compiled-step", False, "generate(compile=True) asks for it"),
     ]
@@ -178,29 +170,32 @@ def levers(job: str) -> list[Lever]:
     return _training_levers(None) if job == "training" else _decoding_levers(None)
 
 
-def prepare(model: nn.Module, job: str) -> Prepared:
+def prepare(model: nn.Module, job: str, *, exact: bool = False) -> Prepared:
     """Ready ``model`` for ``job`` (``"training"`` or ``"decoding"``) and report every lever.
 
     For training, the model's LM heads get the fused loss, its stacks the unpadded forward and
-    its linear layers oneDNN's products where they measured faster (module swaps, in place),
+    its linear layers oneDNN's products where the rule takes them (module swaps, in place),
     and its attention layers choose the C kernel for their fused path.
-    For decoding, packed products take the integer path where it measured faster on the
-    model's largest packed layer (measured once per machine and layer shape, and kept:
-    :mod:`attnkit.accel.measured`; ``ATTNKIT_INT8=0`` or ``1`` forces a path), the linear weights
+    For decoding, packed products take the integer path by the rule of the module docstring
+    (``exact=True`` keeps them on the float32 path; ``ATTNKIT_INT8=0`` too), the linear weights
     are laid out for one-row products once, in place (so that ``generate`` need not do it per
-    call), and the packed C step is reported as it will run for this model (``generate`` builds
-    it per call).
+    call), and a Llama model with packed weights gets its decoder stack in C (``PackedStack``:
+    the prompt in chunks and every step, each token's arithmetic the same whatever shares its
+    call). Returns the model (as changed) and the levers; nothing changes the model's answers
+    except the integer path, which its lever reports.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
     if job not in JOBS:
         raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
     if job == "decoding":
-        found = _decoding_levers(model)
+        found = _decoding_levers(model, exact)
         on = {lever.name: lever.on for lever in found}
         use_integer_products(model, bool(on["int8-products"]))
         if on["decoding-layout"]:
             lay_out_for_decoding(model)
+        if on["packed-step"]:
+            model = packed_stack(model)
         return Prepared(model, job, found)
     found = _training_levers(model)
     on = {lever.name: lever.on for lever in found}

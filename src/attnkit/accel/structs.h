@@ -32,7 +32,7 @@
     FIELD(const int32_t *, n_of, ) /* packed: batch b's queries (n is the largest) or NULL */ \
     FIELD(const int32_t *, m_of, ) /* ... and keys (m is the largest) or NULL */
 
-/* One Llama-family layer's sizes, norms and weights (packed.c's packed_llama_step). */
+/* One Llama-family layer's sizes, norms and weights (llama_step.c's packed_llama_forward). */
 #define ATTNKIT_LLAMA_LAYER(FIELD)                                                           \
     FIELD(int, d_model, )                                                                  \
     FIELD(int, n_heads, )                                                                  \
@@ -55,7 +55,7 @@
     FIELD(int, activation, )      /* 0 SwiGLU, 1 GeGLU (GELU with tanh) */                 \
     FIELD(int, window, )          /* 0: a KVCache; w: a ring of the last w positions */
 
-/* One layer's cache for packed_llama_step: a KVCache, or a RollingKVCache ring (valid set). */
+/* One layer's cache for packed_llama_forward: a KVCache, or a RollingKVCache ring (valid set). */
 #define ATTNKIT_LLAMA_CACHE(FIELD)                                                           \
     FIELD(float *, k, )           /* (rows, n_kv_heads, slots, d_head) keys */             \
     FIELD(float *, v, )           /* ... and values */                                     \

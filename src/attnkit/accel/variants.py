@@ -3,15 +3,16 @@ it is compiled. Plain data (no imports), read both by ``setup.py``, which builds
 when the package is installed, and by :mod:`attnkit.accel.native`, which loads the best one
 this CPU can run.
 
-The C sources (``attention.c``, ``lm_loss.c``, ``packed.c``) choose their code paths with the
-compiler's own macros (``__AVX2__``, ``__AVX512F__``, ``__AMX_TILE__``), so one source gives
-every variant. Best first.
+The C sources (``attention.c``, ``lm_loss.c``, ``packed.c``, ``tiles.c``, ``llama_step.c``)
+choose their code paths with the compiler's own macros (``__AVX2__``, ``__AVX512F__``,
+``__AMX_TILE__``), so one source gives every variant. Best first.
 """
 
-SOURCES = ("attention.c", "lm_loss.c", "packed.c")
+SOURCES = ("attention.c", "lm_loss.c", "packed.c", "tiles.c", "llama_step.c")
 
-# common to every variant: optimised, OpenMP for the threads, a shared library
-COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+# common to every variant: optimised, OpenMP for the threads, a shared library; a * b + c
+# never fused into one FMA behind the code's back (fixed.h: the same bits on every variant)
+COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off")
 
 VARIANTS = {
     # AMX tiles for bfloat16 attention (Intel Xeon from Sapphire Rapids on), on top of AVX-512

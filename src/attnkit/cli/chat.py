@@ -9,6 +9,7 @@ from attnkit.cli.common import (
     UsageError,
     add_dequantize_option,
     add_device_option,
+    add_exact_option,
 )
 from attnkit.cli.serving import MODEL_HELP, load_chat_model
 
@@ -36,6 +37,7 @@ def register(commands) -> None:
     chat.add_argument("--top-p", type=float, default=0.9, metavar="P", help="(default 0.9)")
     chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     add_dequantize_option(chat)
+    add_exact_option(chat)
     add_device_option(chat, "run the model")
     chat.set_defaults(handler=run)
 
@@ -49,7 +51,9 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    model, tokenizer, template = load_chat_model(args.model, args.dequantize, args.device)
+    model, tokenizer, template, _ = load_chat_model(
+        args.model, args.dequantize, args.device, exact=args.exact
+    )
     engine = Engine(model, tokenizer, max_batch=1, start=False)  # it runs on this thread
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)

@@ -32,6 +32,17 @@ def add_dequantize_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_exact_option(parser: argparse.ArgumentParser) -> None:
+    """``--exact``, for the commands that decode with a model's packed weights."""
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="keep float32 activations in the products with packed weights (their float path), "
+        "instead of rounding them to 8 bits for integer dot products (the integer path, the "
+        "default: faster, and the same answers on every x86 CPU); ATTNKIT_INT8=0 does the same",
+    )
+
+
 def add_device_option(parser: argparse.ArgumentParser, work: str) -> None:
     """``--device``, for the commands that run a model without training it."""
     parser.add_argument(

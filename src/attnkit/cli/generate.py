@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 import torch
 
@@ -11,6 +12,7 @@ from attnkit.cli.common import (
     UsageError,
     add_dequantize_option,
     add_device_option,
+    add_exact_option,
     load_model,
     load_tokenizer,
     to_device,
@@ -69,6 +71,7 @@ def register(commands) -> None:
         "for long outputs",
     )
     add_dequantize_option(generate)
+    add_exact_option(generate)
     add_device_option(generate, "generate")
     generate.set_defaults(handler=run)
 
@@ -104,7 +107,8 @@ def run(args: argparse.Namespace) -> None:
     device = to_device(model, args.device, path)
     from attnkit import accel
 
-    accel.prepare(model, "decoding")  # the weights laid out for one-row products, once
+    prepared = accel.prepare(model, "decoding", exact=args.exact)  # once, before the prompt
+    model = prepared.model
     prompt_ids = torch.tensor([ids], device=device)
     new_tokens = args.max_new_tokens
     if new_tokens is None:  # 200, or what a table of positions leaves (none: generate says why)
@@ -118,7 +122,8 @@ def run(args: argparse.Namespace) -> None:
 
     def stream(tokens):
         nonlocal shown
-        if not new_ids:
+        if not new_ids:  # the run's header (how it runs), then the prompt
+            print(prepared.line(), file=sys.stderr, flush=True)
             print(prompt, end="", flush=True)
         new_ids.append(int(tokens[0]))
         text = tokenizer.decode(ids + new_ids)[len(base) :]

@@ -12,8 +12,9 @@ from attnkit.cli.common import (
     UsageError,
     add_dequantize_option,
     add_device_option,
+    add_exact_option,
 )
-from attnkit.cli.serving import MODEL_HELP, load_chat_model
+from attnkit.cli.serving import MODEL_HELP, levers_meta, load_chat_model
 
 
 def register(commands) -> None:
@@ -100,6 +101,7 @@ def register(commands) -> None:
         help="a web origin whose pages may call the API (repeat for more; '*' for any)",
     )
     add_dequantize_option(serve)
+    add_exact_option(serve)
     add_device_option(serve, "run the model")
     serve.set_defaults(handler=run)
 
@@ -131,8 +133,8 @@ def run(args: argparse.Namespace) -> None:
             file=sys.stderr,
             flush=True,
         )
-    model, tokenizer, template = load_chat_model(
-        args.model, args.dequantize, args.device, encoders=True
+    model, tokenizer, template, levers = load_chat_model(
+        args.model, args.dequantize, args.device, encoders=True, exact=args.exact
     )
     name = args.name or Path(args.model).stem
     if model.family == "encoder-only":
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace) -> None:
         api_key=api_key,
         cors_origins=args.cors_origin,
         engine=engine,
+        meta=levers_meta(levers),
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")

@@ -15,9 +15,12 @@ from attnkit.cli.common import (
 )
 
 
-def load_chat_model(path: str, dequantize: bool, device: str, *, encoders: bool = False):
-    """(model, tokenizer, template) for a model the server and the chat can run, moved to
-    ``--device``; with ``encoders``, an encoder too (the server's embeddings; no template)."""
+def load_chat_model(
+    path: str, dequantize: bool, device: str, *, encoders: bool = False, exact: bool = False
+):
+    """(model, tokenizer, template, levers) for a model the server and the chat can run, moved
+    to ``--device`` and prepared for decoding (``exact``: the float path of packed weights);
+    with ``encoders``, an encoder too (the server's embeddings; no template, no levers)."""
     from attnkit.serve.chat import chat_template_for
 
     print(f"loading {path} ...", file=sys.stderr, flush=True)
@@ -40,11 +43,12 @@ def load_chat_model(path: str, dequantize: bool, device: str, *, encoders: bool 
             file=sys.stderr,
             flush=True,
         )
-        return model, tokenizer, None
+        return model, tokenizer, None, None
     template = chat_template_for(path)
     from attnkit import accel
 
-    levers = accel.prepare(model, "decoding")  # the weights laid out once, not per request
+    levers = accel.prepare(model, "decoding", exact=exact)  # once, not per request
+    model = levers.model
     layers = [m for m in model.modules() if type(m).__name__ == "PackedLinear"]
     packed = sum(m.in_features * m.out_features for m in layers)
     floats = model.num_parameters()  # a packed model keeps only its norms in float32
@@ -61,7 +65,15 @@ def load_chat_model(path: str, dequantize: bool, device: str, *, encoders: bool 
         flush=True,
     )
     print(levers.line(), file=sys.stderr, flush=True)
-    return model, tokenizer, template
+    return model, tokenizer, template, levers
+
+
+def levers_meta(levers) -> dict:
+    """What ``/v1/models`` says of how the model runs: the kernels and every lever (on, why)."""
+    from attnkit.accel import native
+
+    found = {lever.name: {"on": lever.on, "why": lever.why} for lever in levers.levers}
+    return {"kernels": native.variant(), "levers": found}
 
 
 def packed_note(model) -> str:

@@ -34,8 +34,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from attnkit.accel.measured import cache_dir
-from attnkit.files import read_json
+from attnkit.files import cache_dir, read_json
 
 __all__ = [
     "PretrainedTokenizer",

@@ -78,12 +78,14 @@ def create_app(
     api_key: str | None = None,
     cors_origins: list[str] | None = None,
     engine: Engine | None = None,
+    meta: dict | None = None,
 ) -> FastAPI:
     """The server's ASGI app for a decoder-only ``model`` and its ``tokenizer``; ``template``
     is the chat template (see :func:`attnkit.serve.chat.chat_template_for`). ``max_queue``:
     requests that may wait beyond the batch (None: no bound); ``timeout``: seconds a request
     may take (None: no limit); ``api_key``: the Bearer key every request must carry;
-    ``cors_origins``: the web origins whose pages may call the API."""
+    ``cors_origins``: the web origins whose pages may call the API; ``meta``: what
+    ``/v1/models`` says of how the model runs (``attnkit serve``: its kernels and levers)."""
     engine = engine or Engine(model, tokenizer, max_batch=max_batch)
     created = int(time.time())
     vocab = model.cfg.vocab_size
@@ -370,6 +372,8 @@ def create_app(
     @app.get("/v1/models")
     async def models():
         card = {"id": name, "object": "model", "created": created, "owned_by": "attnkit"}
+        if meta is not None:
+            card["meta"] = meta
         return {"object": "list", "data": [card]}
 
     @app.get("/health")

@@ -1,0 +1,40 @@
+/* What the packed kernels' three files share: the float path's products from blocks (packed.c),
+ * the integer path's tiles (tiles.c) and the Llama forward that calls both (llama_step.c).
+ * Functions here are internal to the library (hidden); Python calls the ones the files export. */
+#ifndef ATTNKIT_PACKED_H
+#define ATTNKIT_PACKED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK 32       /* weights per block */
+#define MAX_ROWS 16 /* rows of x per product call */
+#define HIDDEN __attribute__((visibility("hidden")))
+
+/* Weight kinds, as LlamaLayer.kind and the exported functions take them: blocks 0-5, the
+ * integer path's tiles 8-13 (8 + the blocks' kind), float32 16 ((N, K) rows) and 17 ((K, N)). */
+enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, BLOCK_KINDS };
+#define TILES(kind) (8 + (kind))
+#define IS_TILES(code) ((code) >= 8 && (code) < 8 + BLOCK_KINDS)
+enum { FLOAT_ROWS = 16, FLOAT_COLUMNS = 17 };
+
+/* packed.c: sums[r * K/32 + b] = the sum of x's block b in row r (for a block's minimum m), and
+ * y (rows, N) = or += (add) x (rows, K) W^T for blocks of `kind`, inside a parallel region. */
+HIDDEN void block_sums(const float *x, float *sums, int rows, int K);
+HIDDEN void block_matmul(int kind, const uint8_t *W, const float *x, const float *sums, float *y,
+                         int rows, int N, int K, int add);
+
+/* tiles.c: x quantized per block of 32 to int8, as the integer path multiplies it. */
+typedef struct {
+    int8_t *q;     /* (rows, K) */
+    float *d;      /* (rows, K/32) each block's scale: max |x_b| / 127 */
+    float *xs;     /* d * sum(q_b): what a block's minimum m multiplies */
+    int32_t *sums; /* sum(q_b) */
+} Int8Rows;
+HIDDEN void quantize_rows(const float *x, const Int8Rows *qx, int rows, int K);
+/* y (rows, N) = or += the tiles' (code) product with qx, inside a parallel region. */
+HIDDEN void tile_matmul(int code, const uint8_t *T, const Int8Rows *qx, float *y, int rows, int N,
+                        int K, int add);
+HIDDEN int tile_height(void); /* rows per tile in this build */
+
+#endif
