@@ -9,6 +9,20 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_cache(tmp_path_factory):
+    """attnkit's cache directory (a GGUF vocabulary's merges) is the session's own: what a test
+    checks never depends on what earlier runs left in ~/.cache. Set in the environment, so that
+    the servers and commands the tests start use it too."""
+    before = os.environ.get("ATTNKIT_CACHE")
+    os.environ["ATTNKIT_CACHE"] = str(tmp_path_factory.mktemp("attnkit-cache"))
+    yield
+    if before is None:
+        os.environ.pop("ATTNKIT_CACHE", None)
+    else:
+        os.environ["ATTNKIT_CACHE"] = before
+
+
 @pytest.fixture(autouse=True)
 def restore_threads():
     """Every test leaves torch's thread count as it found it (the trainer and the CLI set it)."""

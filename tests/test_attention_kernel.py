@@ -265,6 +265,11 @@ def test_a_causal_call_with_fewer_queries_aligns_bottom_right():
     with torch.no_grad():  # the kernel does not take it: torch, with the two masks merged
         merged = attention(q, k, v, attn_mask=keys, is_causal=True)
     torch.testing.assert_close(merged, reference(q, k, v, keys, True), rtol=1e-5, atol=1e-5)
+    for n in (3, 1):  # no gradient, no mask (a cached decoding step): torch, bottom-right too
+        with torch.no_grad():
+            fallback = attention(q[:, :, :n], k, v, is_causal=True)
+        want = reference(q[:, :, :n], k, v, None, True)
+        torch.testing.assert_close(fallback, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant", RUNNABLE)

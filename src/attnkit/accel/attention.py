@@ -414,7 +414,9 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         if valid is not False:
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
             return _attention_op(q, k, v, valid, bool(is_causal), scale)[0]
-    if is_causal and attn_mask is not None:  # torch takes one or the other: merge them
+    if is_causal and (attn_mask is not None or q.shape[-2] != k.shape[-2]):
+        # torch takes a mask or is_causal, not both, and aligns its causal mask top-left (a
+        # cached step's one query would see key 0 alone): one bottom-right aligned mask
         attn_mask = backends._with_causal(attn_mask, True, q.shape[-2], k.shape[-2], q)
         is_causal = False
     return F.scaled_dot_product_attention(
