@@ -396,10 +396,37 @@ def test_interventions_refuse_bad_input_in_one_line():
 # --------------------------------------------------------------------------------------------
 
 
+def midpoint_integrated_gradients(model, stack, ids, target, steps=300):
+    """Integrated gradients at the input of ``stack`` (a token's share: the sum over its width of
+    (x - x') times the mean gradient on the straight line from x' to x), by the midpoint rule
+    with autograd here: x' is the stack's input for a text of padding tokens."""
+    seen = {}
+    handle = stack.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))
+    with torch.no_grad():
+        model(ids)
+        x = seen["x"].detach()
+        model(torch.full_like(ids, model.cfg.pad_id))
+        base = seen["x"].detach()
+    handle.remove()
+    total = torch.zeros_like(x)
+    for k in range(steps):
+        point = (base + (k + 0.5) / steps * (x - base)).requires_grad_()
+        handle = stack.register_forward_pre_hook(lambda m, args, p=point: (p, *args[1:]))
+        (grad,) = torch.autograd.grad(model(ids)[0, target], point)
+        handle.remove()
+        total += grad
+    return ((x - base) * total / steps).sum(-1)
+
+
 def test_integrated_gradients_add_up_to_the_change_from_the_baseline():
+    """Captum's attributions token by token against the integral computed here, and their sum
+    against f(x) - f(baseline) (completeness)."""
     classifier = _tiny("encoder")
     scores = attribute_classifier(classifier, CLEAN, target=1, steps=100)
     assert scores.shape == (1, 7)
+    own = midpoint_integrated_gradients(classifier, classifier.encoder.encoder, CLEAN, 1)
+    torch.testing.assert_close(scores, own, atol=2e-3, rtol=1e-2)
+    assert scores.abs().max() > 10 * 2e-3  # shares large enough for the comparison to mean much
     with torch.no_grad():
         change = classifier(CLEAN)[0, 1] - classifier(torch.zeros_like(CLEAN))[0, 1]
     assert abs(scores.sum().item() - change.item()) < 1e-3 * max(1.0, abs(change.item()))

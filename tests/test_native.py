@@ -79,6 +79,14 @@ def test_struct_layouts_are_one_definition(name):
     assert len(fields) == len(set(fields)) > 3
 
 
+def test_the_other_variants_are_the_rest_this_cpu_runs():
+    """What make test runs the tests marked variants under, besides the one in use."""
+    others = native.others()
+    assert native.variant() not in others
+    assert {*others, native.variant()} == {v for v in native.VARIANTS if native.runnable(v)}
+    assert "generic" in others or native.variant() == "generic"
+
+
 def test_using_a_variant_makes_it_the_one_in_use():
     for name in (v for v in native.VARIANTS if native.runnable(v)):
         with native.using(name) as lib:
@@ -155,8 +163,9 @@ def test_info_names_the_cpu_the_kernels_and_the_levers(capsys):
 
 
 @pytest.mark.serial
-def test_info_runs_in_a_fresh_process_in_under_3_seconds():
-    """What a user types; the onednn choice is measured once per machine and kept."""
+def test_info_runs_in_a_fresh_process_in_under_6_seconds():
+    """What a user types: no lever is timed to choose it, so a fresh process only imports and
+    reads the CPU."""
     subprocess.run([sys.executable, "-m", "attnkit.cli", "info"], check=True, capture_output=True)
     import time
 
@@ -165,7 +174,7 @@ def test_info_runs_in_a_fresh_process_in_under_3_seconds():
         [sys.executable, "-m", "attnkit.cli", "info"], check=True, capture_output=True, text=True
     )
     assert "kernels" in result.stdout
-    assert time.perf_counter() - start < 6.0  # 2.7 s here; room for a loaded CI machine
+    assert time.perf_counter() - start < 6.0  # 2.7 s on a Xeon; room for a loaded CI machine
 
 
 def test_prepare_swaps_modules_and_reports_why_a_lever_is_off():

@@ -24,6 +24,7 @@ from servers import serving
 pytestmark = pytest.mark.needs("smollm2")
 
 KEY = "sk-test-attnkit"
+VOCAB = 49152  # SmolLM2's
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,7 @@ def reference():
         logits = model(torch.tensor([ids]))[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
+    logprobs.model = model  # (the model itself, for the logits of a step)
     return logprobs, tokenizer, chat_template_for("smollm2")
 
 
@@ -180,14 +182,25 @@ def test_n_choices_penalties_and_logit_bias(client, reference):
     assert tokenizer.encode(biased.choices[0].message.content) == [banana] * 5
     prompt = "apple, apple, apple, apple, apple, apple, apple,"
     plain = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
-    penalised = client.completions.create(
-        model="smollm2", prompt=prompt, max_tokens=12, temperature=0, frequency_penalty=2.0,
-        presence_penalty=2.0, logprobs=0,
-    )  # fmt: skip
     repeats = tokenizer.encode(plain.choices[0].text)
     assert len(set(repeats)) < len(repeats) / 2  # greedy goes on repeating itself
-    ids = tokenizer.encode(penalised.choices[0].text)
-    assert len(set(ids)) > len(set(repeats))  # the penalties push it elsewhere
+    # OpenAI's formula, replayed greedily on this process's logits (the server's, bit for bit):
+    # each token is the argmax of logits - count * frequency - (count > 0) * presence, the counts
+    # over the tokens generated before it; the replay must write the server's text
+    model, start = reference[0].model, tokenizer.encode(prompt)
+    for frequency, presence in ((2.0, 0.0), (0.0, 2.0), (0.7, 1.3)):
+        penalised = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=12, temperature=0,
+            frequency_penalty=frequency, presence_penalty=presence,
+        )  # fmt: skip
+        ids = []
+        with torch.no_grad():
+            for _ in range(12):
+                logits = model(torch.tensor([start + ids]))[0, -1]
+                counts = torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=VOCAB)
+                ids.append(int((logits - counts * frequency - (counts > 0) * presence).argmax()))
+        assert tokenizer.decode(ids) == penalised.choices[0].text, (frequency, presence)
+        assert len(set(ids)) > len(set(repeats))  # the penalties push it elsewhere
 
 
 def test_tokenize_and_detokenize(server, reference):
@@ -530,34 +543,39 @@ def test_tool_calls_name_a_real_function_and_their_arguments_validate(client):
     assert calls and calls[0][0].function.name == "get_weather"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
-    # 'auto' (the default with tools): a whole call or plain text, never a half-call
-    kinds = set()
-    for question, stream in (
-        ("What is the weather in Paris?", False),
-        ("Say hello to me in French, in one short sentence.", False),
-        ("What is the weather in Paris?", True),
-    ):
-        asked = [{"role": "user", "content": question}]
-        options = dict(model="smollm2", messages=asked, tools=[WEATHER, TIME], max_tokens=60)
+    # 'auto' (the default with tools): a whole call or plain text, never a half-call. SmolLM2
+    # answers this question in text, so the first token is pushed each way: '{"' made likely (a
+    # call must follow, whole and valid; elsewhere in a call that token only closes a string),
+    # or every token that opens a JSON object forbidden (text)
+    tokenizer = load_tokenizer_for("smollm2")
+    (opening,) = tokenizer.encode('{"')
+    brace = [i for i in range(VOCAB) if tokenizer.decode([i]).startswith("{")]
+    kinds = []
+    for bias, stream in ((100, False), (-100, False), (100, True), (-100, True)):
+        asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+        options = dict(
+            model="smollm2", messages=asked, tools=[WEATHER, TIME], max_tokens=60, temperature=0,
+            logit_bias={str(opening): 100} if bias > 0 else {str(i): -100 for i in brace},
+        )  # fmt: skip
         if stream:
-            parts = list(client.chat.completions.create(**options, temperature=0, stream=True))
+            parts = list(client.chat.completions.create(**options, stream=True))
             deltas = [p.choices[0].delta for p in parts if p.choices]
             calls = [c for d in deltas for c in (d.tool_calls or [])]
             content = "".join(d.content or "" for d in deltas)
             finish = parts[-1].choices[0].finish_reason
         else:
-            answer = client.chat.completions.create(**options, temperature=0).choices[0]
+            answer = client.chat.completions.create(**options).choices[0]
             calls, content = answer.message.tool_calls or [], answer.message.content
             finish = answer.finish_reason
         if calls:
             assert finish == "tool_calls" and not content
             (call,) = calls
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
-            kinds.add("call")
+            kinds.append("call")
         else:
             assert content and not content.lstrip().startswith("{") and finish in ("stop", "length")
-            kinds.add("text")
-    assert kinds  # (SmolLM2-135M answers these in text; the grammar's two ways are below)
+            kinds.append("text")
+    assert kinds == ["call", "text", "call", "text"]
 
 
 def test_the_auto_grammar_takes_a_whole_call_or_text_and_nothing_between():
