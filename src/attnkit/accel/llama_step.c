@@ -146,13 +146,18 @@ static Scratch carve(const LlamaLayer *L, float *base, int rows, int M) {
     return s;
 }
 
-/* A product's input made ready for the layer's weights (block sums for blocks, int8 blocks for
- * tiles; a layer may hold both), and the product of weight i with it: y (rows, N) = or +=
- * x (rows, K) W_i^T (kinds 16 and 17: float32 weights, read from X itself). */
-#define PREPARE(X, K_)                                                                         \
+/* Row R of a product's input made ready for the layer's weights (block sums for blocks, int8
+ * blocks for tiles; a layer may hold both), and the product of weight i with the rows: y (rows,
+ * N) = or += x (rows, K) W_i^T (kinds 16 and 17: float32 weights, read from X itself). */
+#define PREPARE_ROW(X, K_, R)                                                                  \
     do {                                                                                       \
-        if (tiles) quantize_rows(X, &s.qx, c->rows, K_);                                       \
-        if (blocks) block_sums(X, s.sums, c->rows, K_);                                        \
+        const size_t nb_ = (size_t)(K_) / QK, r_ = (size_t)(R);                                \
+        if (tiles) {                                                                           \
+            const Int8Rows row_ = {s.qx.q + r_ * (K_), s.qx.d + r_ * nb_, s.qx.xs + r_ * nb_,   \
+                                   s.qx.sums + r_ * nb_};                                      \
+            quantize_rows((X) + r_ * (K_), &row_, 1, K_);                                      \
+        }                                                                                      \
+        if (blocks) block_sums((X) + r_ * (K_), s.sums + r_ * nb_, 1, K_);                      \
     } while (0)
 #define PRODUCT(I, X, Y, N_, K_, ADD)                                                          \
     do {                                                                                       \
@@ -190,26 +195,35 @@ static inline int key_at(const LlamaLayer *L, const LlamaCache *C, const Call *c
     return 1;
 }
 
-/* The call's new keys and values into the cache C (a ring keeps the window's last ones), once
- * every query of the call has read them. */
-static void store_keys(const LlamaLayer *L, const LlamaCache *C, const Call *c, const Scratch *s) {
+/* Row r's new key and value into the cache C (a ring keeps the window's last ones: a row
+ * older than that writes nothing), once every query of the call has read them. Each row
+ * writes a slot of its own. */
+static void store_key(const LlamaLayer *L, const LlamaCache *C, const Call *c, const Scratch *s,
+                      int r) {
     const int Hkv = L->n_kv_heads, dh = L->d_head, T = c->tokens, length = C->length;
-    const int ring = L->window > 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int t = ring && T > L->window ? T - L->window : 0; t < T; t++) {
-            const int64_t index = (int64_t)length + t;
-            const int slot = ring ? (int)(index % L->window) : (int)index;
-            const size_t row = (size_t)b * T + t;
-            for (int g = 0; g < Hkv; g++) {
-                const size_t at = (((size_t)b * Hkv + g) * C->slots + slot) * dh;
-                memcpy(C->k + at, s->new_k + (row * Hkv + g) * dh, sizeof(float) * dh);
-                memcpy(C->v + at, s->new_v + (row * Hkv + g) * dh, sizeof(float) * dh);
-            }
-            C->positions[(size_t)b * C->slots + slot] = c->positions[row];
-            if (ring)
-                C->valid[(size_t)b * C->slots + slot] =
-                    c->mask == NULL ? 1 : c->mask[(size_t)b * (length + T) + index];
-        }
+    const int b = r / T, t = r % T, ring = L->window > 0;
+    if (ring && t < T - L->window) return;
+    const int64_t index = (int64_t)length + t;
+    const int slot = ring ? (int)(index % L->window) : (int)index;
+    for (int g = 0; g < Hkv; g++) {
+        const size_t at = (((size_t)b * Hkv + g) * C->slots + slot) * dh;
+        memcpy(C->k + at, s->new_k + ((size_t)r * Hkv + g) * dh, sizeof(float) * dh);
+        memcpy(C->v + at, s->new_v + ((size_t)r * Hkv + g) * dh, sizeof(float) * dh);
+    }
+    C->positions[(size_t)b * C->slots + slot] = c->positions[r];
+    if (ring)
+        C->valid[(size_t)b * C->slots + slot] =
+            c->mask == NULL ? 1 : c->mask[(size_t)b * (length + T) + index];
+}
+
+/* x += RMSNorm_g(out), row by row among the threads (a sandwich norm's residual add). */
+static void add_normed(const float *g, float eps, float *out, float *x, int rows, int D) {
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * D, *xr = x + (size_t)r * D;
+        rms_norm_fixed(o, g, o, 1, D, eps);
+        for (int e = 0; e < D; e++) xr[e] += o[e];
+    }
 }
 
 /* One layer for the call's rows, run by every thread of the caller's parallel region: x (rows,
@@ -220,19 +234,17 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
     const int A = H * dh, Nqkv = (H + 2 * Hkv) * dh, groups = H / Hkv, T = c->tokens;
     const int ring = L->window > 0, length = C->length;
     const int M = ring ? L->window : length + T; /* key slots a query may walk */
-    int tiles, blocks;
+    int tiles = 0, blocks = 0;
     layer_inputs(L, &tiles, &blocks);
     const Scratch s = carve(L, scratch, c->rows, M);
 
-#pragma omp single
-    {
-        rms_norm_fixed(x, L->norm1, s.h, c->rows, D, L->eps);
-        PREPARE(s.h, D);
-        for (int r = 0; r < c->rows; r++)
-            for (int i = 0; i < dh / 2; i++) {
-                float *cs = s.angles + (size_t)r * dh;
-                cos_sin_fixed((float)c->positions[r] * L->inv_freq[i], cs + i, cs + dh / 2 + i);
-            }
+#pragma omp for schedule(static)
+    for (int r = 0; r < c->rows; r++) {
+        rms_norm_fixed(x + (size_t)r * D, L->norm1, s.h + (size_t)r * D, 1, D, L->eps);
+        PREPARE_ROW(s.h, D, r);
+        float *cs = s.angles + (size_t)r * dh;
+        for (int i = 0; i < dh / 2; i++)
+            cos_sin_fixed((float)c->positions[r] * L->inv_freq[i], cs + i, cs + dh / 2 + i);
     }
     PRODUCT(0, s.h, s.qkv, Nqkv, D, 0);
     /* the new keys, normalised and rotated, and values */
@@ -269,61 +281,66 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
             memset(o, 0, sizeof(float) * dh);
             continue;
         }
-        for (int j = 0; j < slots; j++) sc[j] = exp_neg(fmaxf(sc[j] - top, -88.0f));
+        for (int j = 0; j < slots; j++) { /* below -87 exp_neg gives 0; -inf must not reach it */
+            const float z = sc[j] - top;
+            sc[j] = exp_neg(z > -88.0f ? z : -88.0f);
+        }
         float total = 0.0f; /* in slot order: the zeros of the slots left out change nothing */
         for (int j = 0; j < slots; j++) total += sc[j];
         for (int j = 0; j < slots; j++) sc[j] /= total;
-        /* o = sum of p_j v_j in slot order, 64 of o's values at a time kept in registers (a
-         * weight of 0 adds nothing: skipped) */
-        for (int e0 = 0; e0 < dh; e0 += 64) {
-            float acc[64] = {0};
+        /* o = sum of p_j v_j in slot order (a weight of 0 adds nothing: skipped), 64 of o's
+         * values at a time in four vectors that stay in registers */
+        int e0 = 0;
+        for (; e0 + 64 <= dh; e0 += 64) {
+            f16x16 acc[4] = {{0}, {0}, {0}, {0}};
             for (int j = 0; j < slots; j++)
-                if (sc[j] != 0.0f && key_at(L, C, c, &s, b, g, i, j, &k, &v)) {
-                    if (dh - e0 >= 64)
-                        for (int e = 0; e < 64; e++) acc[e] += sc[j] * v[e0 + e];
-                    else
-                        for (int e = 0; e < dh - e0; e++) acc[e] += sc[j] * v[e0 + e];
-                }
-            memcpy(o + e0, acc, sizeof(float) * (dh - e0 < 64 ? dh - e0 : 64));
+                if (sc[j] != 0.0f && key_at(L, C, c, &s, b, g, i, j, &k, &v))
+                    for (int part = 0; part < 4; part++) {
+                        f16x16 w;
+                        memcpy(&w, v + e0 + 16 * part, sizeof w);
+                        acc[part] += sc[j] * w;
+                    }
+            memcpy(o + e0, acc, sizeof acc);
         }
+        for (int e = e0; e < dh; e++) o[e] = 0.0f; /* the last values, fewer than 64 */
+        if (e0 < dh)
+            for (int j = 0; j < slots; j++)
+                if (sc[j] != 0.0f && key_at(L, C, c, &s, b, g, i, j, &k, &v))
+                    for (int e = e0; e < dh; e++) o[e] += sc[j] * v[e];
     }
-#pragma omp single
-    {
-        store_keys(L, C, c, &s);
-        PREPARE(s.attn, A);
+#pragma omp for schedule(static)
+    for (int r = 0; r < c->rows; r++) {
+        store_key(L, C, c, &s, r);
+        PREPARE_ROW(s.attn, A, r);
     }
     if (L->attn_out_norm == NULL) {
         PRODUCT(1, s.attn, x, D, A, 1); /* x += a W_out */
     } else {
         PRODUCT(1, s.attn, s.out, D, A, 0);
-#pragma omp single
-        {
-            rms_norm_fixed(s.out, L->attn_out_norm, s.out, c->rows, D, L->eps);
-            for (size_t e = 0; e < (size_t)c->rows * D; e++) x[e] += s.out[e];
-        }
+        add_normed(L->attn_out_norm, L->eps, s.out, x, c->rows, D);
     }
-#pragma omp single
-    {
-        rms_norm_fixed(x, L->norm2, s.h, c->rows, D, L->eps);
-        PREPARE(s.h, D);
+#pragma omp for schedule(static)
+    for (int r = 0; r < c->rows; r++) {
+        rms_norm_fixed(x + (size_t)r * D, L->norm2, s.h + (size_t)r * D, 1, D, L->eps);
+        PREPARE_ROW(s.h, D, r);
     }
     PRODUCT(2, s.h, s.gate, F, D, 0);
     PRODUCT(3, s.h, s.up, F, D, 0);
 #pragma omp for schedule(static)
-    for (int e = 0; e < c->rows * F; e++)
-        s.gate[e] = (L->activation == 1 ? gelu_tanh_fixed(s.gate[e]) : silu_fixed(s.gate[e])) *
-                    s.up[e];
-#pragma omp single
-    PREPARE(s.gate, F);
+    for (int r = 0; r < c->rows; r++) { /* the gate: a loop per kind, so that it runs in vectors */
+        float *gate = s.gate + (size_t)r * F, *up = s.up + (size_t)r * F;
+        if (L->activation == 1)
+            for (int e = 0; e < F; e++) gate[e] = gelu_tanh_fixed(gate[e]) * up[e];
+        else
+            for (int e = 0; e < F; e++) gate[e] = silu_fixed(gate[e]) * up[e];
+    }
+#pragma omp for schedule(static)
+    for (int r = 0; r < c->rows; r++) PREPARE_ROW(s.gate, F, r);
     if (L->ffn_out_norm == NULL) {
         PRODUCT(4, s.gate, x, D, F, 1); /* x += ... W_down */
     } else {
         PRODUCT(4, s.gate, s.out, D, F, 0);
-#pragma omp single
-        {
-            rms_norm_fixed(s.out, L->ffn_out_norm, s.out, c->rows, D, L->eps);
-            for (size_t e = 0; e < (size_t)c->rows * D; e++) x[e] += s.out[e];
-        }
+        add_normed(L->ffn_out_norm, L->eps, s.out, x, c->rows, D);
     }
 }
 

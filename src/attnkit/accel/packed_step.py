@@ -233,12 +233,11 @@ class PackedStack(Decoder):
             return False
         if x.dtype != torch.float32 or not 1 <= x.shape[0] <= MAX_ROWS or packed_kernel() is None:
             return False
+        keys = (0 if cache is None else cache.length) + x.shape[1]
         if self_mask is not None and not (
-            self_mask.dtype == torch.bool
-            and self_mask.dim() == 4
-            and self_mask.shape[1:3] == (1, 1)
+            self_mask.dtype == torch.bool and self_mask.shape == (x.shape[0], 1, 1, keys)
         ):
-            return False  # only a key padding mask
+            return False  # only a key padding mask, one row per sequence
         if cache is None:
             return True
         if cache.cross_attn is not None or len(cache.self_attn) != len(self.layers):
@@ -247,7 +246,9 @@ class PackedStack(Decoder):
             kind = RollingKVCache if window else KVCache
             if type(kv) is not kind or kv.k.dtype != torch.float32 or kv.k.device.type != "cpu":
                 return False
-            if kv.k.shape[0] != x.shape[0] or not (kv.k.is_contiguous() and kv.v.is_contiguous()):
+            if kv.k.shape[0] != x.shape[0] or not all(
+                t.is_contiguous() for t in (kv.k, kv.v, kv.positions)
+            ):
                 return False
             if window and (kv.window != window or not kv.valid.is_contiguous()):
                 return False

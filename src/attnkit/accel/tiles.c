@@ -93,8 +93,8 @@ void quantize_rows(const float *x, const Int8Rows *qx, int rows, int K) {
             const size_t at = (size_t)r * nb + b;
             const float *xb = x + (size_t)r * K + (size_t)b * QK;
             int8_t *q = qx->q + (size_t)r * K + (size_t)b * QK;
-            float amax = 0.0f;
-            for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            float amax = 0.0f; /* (a comparison, not fmaxf: a call where NaN rules apply) */
+            for (int j = 0; j < QK; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
             const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
             int32_t sum = 0;
             for (int j = 0; j < QK; j++) {
