@@ -103,8 +103,9 @@ def memory_rates(sizes_mib: tuple[int, ...] = (1, 64)) -> dict[str, float]:
 
 def llama_cpp_n_batch(model: Path, threads: int) -> int:
     """The prompt batch llama.cpp can run here: 512 (its default), or 1 where its batched
-    prompt path dies with SIGILL (llama-cpp-python 0.3.36 built with GGML_NATIVE, on an Intel
-    Xeon with AMX), found by trying it once in a child process. Says so when it is 1."""
+    prompt path dies of a signal (llama-cpp-python 0.3.36 built with GGML_NATIVE: SIGILL on one
+    Intel Xeon with AMX, SIGSEGV on another), found by trying it once in a child process. Says
+    so when it is 1."""
     code = (
         "import sys; from llama_cpp import Llama; "
         "llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=64, "
@@ -114,8 +115,9 @@ def llama_cpp_n_batch(model: Path, threads: int) -> int:
     probe = subprocess.run(
         [sys.executable, "-c", code, str(model), str(threads)], capture_output=True, timeout=300
     )
-    if probe.returncode == -signal.SIGILL:
-        print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+    if probe.returncode < 0:
+        name = signal.Signals(-probe.returncode).name
+        print(f"llama.cpp: {name} in its batched prompt path on this CPU; n_batch=1 instead")
         return 1
     return 512
 

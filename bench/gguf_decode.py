@@ -111,11 +111,13 @@ def compare(model: str, args) -> dict:
     for name, process in list(workers.items()):
         if process.stdout.readline().strip() == "ready":
             continue
-        if name == "llama.cpp" and process.wait() == -signal.SIGILL:
-            # llama-cpp-python 0.3.36 built with GGML_NATIVE=ON dies with SIGILL in its
-            # batched prompt path on some CPUs (an Intel Xeon with AMX); its decode, one token
+        status = process.wait()
+        if name == "llama.cpp" and status < 0:
+            # llama-cpp-python 0.3.36 built with GGML_NATIVE=ON dies in its batched prompt path
+            # on some CPUs (SIGILL or SIGSEGV on Intel Xeons with AMX); its decode, one token
             # at a time, is the same with a batch of one
-            print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+            died = signal.Signals(-status).name
+            print(f"llama.cpp: {died} in its batched prompt path on this CPU; n_batch=1 instead")
             workers[name] = process = start(name, model, args.threads, 1)
             if process.stdout.readline().strip() == "ready":
                 continue
