@@ -86,9 +86,17 @@ lint: $(KERNELS)
 # (and the servers they start) share the 2 cores, so their OpenMP threads sleep as soon as they
 # are idle instead of spinning for CPU time the other worker needs (OMP_WAIT_POLICY=PASSIVE:
 # beside a second process loading both cores, the tool-calls test took 12-14 s, not 21-22 s).
+# Then the end-to-end tests of the kernels (marked variants: the packed stack, the server's
+# invariance, the prepared models) again under every other kernel variant this CPU runs, so that
+# one machine drives each variant's code through the model, the server and the trainer.
 test: lint data
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -n 2 --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
+	@for v in $$($(BIN)/python -c "from attnkit.accel import native; print(*native.others())"); do \
+	  echo "the tests marked variants, with ATTNKIT_KERNELS=$$v"; \
+	  ATTNKIT_KERNELS=$$v OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -n 2 --dist loadfile \
+	    -m "variants and not serial" || exit 1; \
+	done
 
 bench: $(KERNELS)
 	$(BIN)/python bench/attention.py

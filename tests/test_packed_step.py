@@ -62,6 +62,7 @@ def run(model, ids, *, cache=None, mask=None, eager=False):
         return model(ids, attention_mask=mask, cache=cache)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize(
     ("kind", "d_ff"), [*[(kind, None) for kind in FORMATS], ("Q4_1", 32)], ids=str
 )  # the last: an FFN narrower than the model
@@ -85,6 +86,7 @@ def test_the_c_forward_equals_the_eager_one(tmp_path_factory, kind, d_ff):
         assert torch.equal(mine.positions, theirs.positions)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("kind", FORMATS)
 def test_the_c_forward_on_the_integer_path_follows_the_eager_integer_one(tmp_path_factory, kind):
     """Every packed product on the integer path (int8 activations) in both: the eager stack
@@ -103,6 +105,7 @@ def test_the_c_forward_on_the_integer_path_follows_the_eager_integer_one(tmp_pat
     assert torch.equal(got, want)
 
 
+@pytest.mark.variants
 def test_padded_batches_decode_the_same_tokens(tmp_path_factory):
     """Rows of different lengths, left-padded: each row's own positions and key mask; each row's
     tokens are those it gets alone."""
@@ -133,6 +136,7 @@ def test_beam_search_and_sampling_follow_the_eager_steps(tmp_path_factory):
             assert torch.equal(model.generate(ids, 10, **option), want), option
 
 
+@pytest.mark.variants
 @settings(max_examples=12, deadline=None)
 @given(
     tokens=st.lists(st.integers(3, 100), min_size=2, max_size=40),
@@ -249,6 +253,7 @@ def test_what_it_cannot_run_goes_eager(tmp_path_factory):
     assert type(packed_stack(floats).decoder) is ak.stacks.Decoder
 
 
+@pytest.mark.variants
 @pytest.mark.needs("smollm2")
 def test_smollm2_decodes_the_same_tokens_in_c():
     from attnkit.interop import load_tokenizer_for
@@ -278,6 +283,7 @@ def test_variants_give_the_shipped_models_the_same_prompt_logits(name, request):
     assert len(set(hashes.values())) == 1, hashes
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize(
     ("integer", "laid_out"), [(False, False), (False, True), (True, False)], ids=str
 )

@@ -10,12 +10,15 @@ the same arithmetic as the plain model, and the tokens can be compared on any CP
 import copy
 from contextlib import ExitStack
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnkit as ak
 from attnkit import accel
+
+pytestmark = pytest.mark.variants  # make test runs it again under each kernel variant
 
 # each training lever's switch (a with block turns it on or off)
 TRAINING = {

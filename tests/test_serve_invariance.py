@@ -14,7 +14,7 @@ import pytest
 
 from servers import serving
 
-pytestmark = pytest.mark.needs("smollm2")
+pytestmark = [pytest.mark.needs("smollm2"), pytest.mark.variants]
 
 # a prompt cache hit needs 16 shared tokens: the chat template gives those, and so does this
 SYSTEM = "You answer in one short sentence, plainly, without lists or headings. "

@@ -302,5 +302,11 @@ def summary() -> str:
     return f"attnkit: native kernels built: {', '.join(built)}; in use here: {active}"
 
 
+def others() -> list[str]:
+    """The variants this CPU also runs, besides the one in use (``make test`` runs the tests
+    marked ``variants`` again under each)."""
+    return [name for name in VARIANTS if runnable(name) and name != variant()]
+
+
 if __name__ == "__main__":
     print(summary())
