@@ -78,6 +78,16 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     ckpt = out / "checkpoint"
     model = ak.from_pretrained(ckpt)
     assert isinstance(model, ak.DecoderLM) and model.cfg.d_model == 32
+    # the run's sample (written by the model as the trainer prepared it) is what the checkpoint
+    # writes with the same prompt, seed and temperature: the levers change no answer
+    tokenizer = ak.interop.load_tokenizer_for(ckpt)
+    start = "ROMEO.\n" if recipe == SHAKESPEARE else "中国"
+    ids = torch.tensor([tokenizer.encode(start)])
+    with torch.no_grad():
+        want = model.generate(ids, 20, do_sample=True, temperature=0.8, seed=0)
+    assert (out / "sample.txt").read_text(encoding="utf-8") == tokenizer.decode(
+        want[0].tolist()
+    ) + "\n"
 
     assert main(["evaluate", str(ckpt), "--max-batches", "2", "--precision", "auto"]) == 0
     table = capsys.readouterr().out
@@ -92,6 +102,15 @@ def test_smoke_train_then_evaluate_and_generate(tmp_path, capsys, recipe, prompt
     assert main(["evaluate", str(ckpt), "--split", "validation", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 40 and result["validation"]["tokens"] > 0
+    # the trainer's last validation (2 batches) is evaluate's on the checkpoint: by default
+    # evaluate takes the run's own precision and batch size. (A language model's loss goes
+    # through the fused loss in training, whose rows add in another order than torch's
+    # cross-entropy: the same to 1e-6. A translator's loss and BLEU compare exactly.)
+    argv = ["evaluate", str(ckpt), "--split", "validation", "--max-batches", "2", "--json"]
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)["validation"]
+    assert again["tokens"] == validation[-1]["tokens"]
+    assert again["loss"] == pytest.approx(validation[-1]["loss"], rel=1e-6)
 
     greedy = ["--max-new-tokens", "12", "--greedy", "--device", "cpu"]
     assert main(["generate", str(ckpt), prompt, *greedy]) == 0

@@ -13,6 +13,7 @@ from attnkit.cli.tasks import (
     decoding_settings,
     format_metric,
     model_and_recipe,
+    run_precision,
 )
 from attnkit.tables import format_table
 
@@ -51,7 +52,12 @@ def register(commands) -> None:
         "LibreOffice translators also out-of-domain: Ding's sentences for de-en, the HSK "
         "sentences for zh-en)",
     )
-    evaluate.add_argument("--batch-size", type=int, default=32, metavar="B")
+    evaluate.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="examples per batch (default: the run's train.batch_size, as its validation had)",
+    )
     evaluate.add_argument(
         "--max-batches", type=int, default=None, metavar="N", help="at most N batches per split"
     )
@@ -136,12 +142,12 @@ def run(args: argparse.Namespace) -> None:
         if task.name == "translation":
             outputs[split] = {}
             options = {"beams": sorted({1, decoding["num_beams"]}), "outputs": outputs[split]}
-        with precision_context(args.precision, device):
+        with precision_context(run_precision(args, recipe), device):
             try:
                 results[split] = task.evaluate(
                     model,
                     split,
-                    batch_size=args.batch_size,
+                    batch_size=args.batch_size or recipe.train.batch_size,
                     max_batches=args.max_batches,
                     **options,
                 )
@@ -156,8 +162,9 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps({"checkpoint": str(path), "step": step, **results}, indent=2))
         return
     where = f"step {step:,}, " if step is not None else ""
-    precision = resolve_precision(args.precision, device)
-    precision += " (auto)" if args.precision == "auto" else ""
+    asked = run_precision(args, recipe)
+    precision = resolve_precision(asked, device)
+    precision += " (auto)" if asked == "auto" else ""
     runs_on = device_description(device)
     print(f"{path}: {type(model).__name__}, {where}task {task.name}, {precision}, {runs_on}\n")
     if task.name == "classification":

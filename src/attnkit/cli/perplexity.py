@@ -9,6 +9,7 @@ from attnkit.cli.common import (
     UsageError,
     add_dequantize_option,
     add_device_option,
+    add_exact_option,
     device_description,
     load_model,
     load_tokenizer,
@@ -29,14 +30,16 @@ def register(commands) -> None:
             "windows of --ctx (each starting with BOS), the second half of each window scored, "
             "PPL = exp(mean negative log-likelihood) +/- its standard error. TEXT is a UTF-8 "
             "file, or 'shakespeare' for the validation split of the shipped Shakespeare corpus. "
-            "Compare the float32 path (--dequantize), the packed one with float32 activations "
-            "(the default) and with 8-bit ones (--int8, as llama.cpp), or with llama.cpp."
+            "The model runs as generate and serve run it: packed weights on the integer path "
+            "(8-bit activations, as llama.cpp; the default), or with --exact on their float32 "
+            "path; --dequantize turns every weight into float32. Compare the three, or with "
+            "llama.cpp."
         ),
         epilog=(
             "examples:\n"
             "  attnkit perplexity smollm2 shakespeare --windows 8\n"
             "  attnkit perplexity smollm2 shakespeare --windows 8 --dequantize\n"
-            "  attnkit perplexity smollm2 shakespeare --windows 8 --int8\n"
+            "  attnkit perplexity smollm2 shakespeare --windows 8 --exact\n"
             "  attnkit perplexity model.gguf book.txt --ctx 1024"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -48,11 +51,12 @@ def register(commands) -> None:
         "--windows", type=int, help="score only the first N windows (default: all of the text)"
     )
     add_dequantize_option(parser)
+    add_exact_option(parser)
     parser.add_argument(
         "--int8",
         action="store_true",
-        help="packed weights: the integer path (activations quantized to 8 bits per block of "
-        "32, integer dot products)",
+        help="packed weights on the integer path (the default; refused where there are no "
+        "packed weights)",
     )
     add_device_option(parser, "run the model")
     parser.set_defaults(handler=run)
@@ -95,12 +99,13 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(
             f"MODEL: perplexity needs a decoder-only language model, got a {type(model).__name__}"
         )
-    if args.int8:
-        from attnkit.accel import PackedLinear, use_integer_products
+    from attnkit import accel
 
-        if args.dequantize or not any(isinstance(m, PackedLinear) for m in model.modules()):
-            raise UsageError("--int8: needs packed weights (a GGUF model without --dequantize)")
-        use_integer_products(model, True)
+    if args.int8 and args.exact:
+        raise UsageError("--int8 and --exact: the integer path or the float32 one, not both")
+    if args.int8 and not any(isinstance(m, accel.PackedLinear) for m in model.modules()):
+        raise UsageError("--int8: needs packed weights (a GGUF model without --dequantize)")
+    model = accel.prepare(model, "decoding", exact=args.exact).model  # as generate and serve
     tokenizer = load_tokenizer(args.model, "MODEL")
     if tokenizer is None:
         raise UsageError(f"MODEL: {args.model} has no tokenizer")
@@ -110,7 +115,8 @@ def run(args: argparse.Namespace) -> None:
     except TypeError:  # attnkit's own tokenizers add nothing
         ids = tokenizer.encode(text)
     where = device_description(device)
-    path = ", int8 activations" if args.int8 else ""
+    integer = any(getattr(m, "integer", False) for m in model.modules())
+    path = ", int8 activations" if integer else ""
     print(f"model: {args.model} ({where}{path}); text: {source}, {len(ids):,} tokens")
     if args.ctx > model.cfg.max_len:
         limit = model.cfg.max_len

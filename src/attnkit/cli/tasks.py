@@ -110,8 +110,14 @@ def add_evaluation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=("fp32", "bf16", "auto"),
-        default="fp32",
-        help="fp32 (default), bf16 autocast, or auto: bf16 where the device has fast bf16 "
-        "matrix products (a CPU with them, a GPU that supports bf16), else fp32",
+        help="fp32, bf16 autocast, or auto: bf16 where the device has fast bf16 matrix "
+        "products (a CPU with them, a GPU that supports bf16), else fp32. Default: the run's "
+        "own (its recipe's train.precision, which its validation used), so that the figures "
+        "are the ones its training reported",
     )
     add_device_option(parser, "evaluate")
+
+
+def run_precision(args: argparse.Namespace, recipe) -> str:
+    """--precision, or the recipe's train.precision (what the run validated with)."""
+    return args.precision or recipe.train.precision

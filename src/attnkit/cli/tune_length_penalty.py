@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from attnkit.cli.common import UsageError, to_device
-from attnkit.cli.tasks import add_evaluation_options
+from attnkit.cli.tasks import add_evaluation_options, run_precision
 
 
 def register(commands) -> None:
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
         )
 
     print(f"{len(task.ids['validation']):,} validation pairs, {args.beam} beams:", file=sys.stderr)
-    with precision_context(args.precision, device):
+    with precision_context(run_precision(args, recipe), device):
         best, scores = choose_length_penalty(
             model,
             task,
