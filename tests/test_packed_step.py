@@ -182,7 +182,7 @@ def logits_under(variant, model, ids):
         use_integer_products(model, True)
         with torch.no_grad():
             logits = model(ids)
-            tokens = model.generate(ids[:, :8], 12)
+            tokens = model.generate(ids[:, :8], 4)
     return logits, tokens
 
 
@@ -253,7 +253,6 @@ def test_what_it_cannot_run_goes_eager(tmp_path_factory):
     assert type(packed_stack(floats).decoder) is ak.stacks.Decoder
 
 
-@pytest.mark.variants
 @pytest.mark.needs("smollm2")
 def test_smollm2_decodes_the_same_tokens_in_c():
     from attnkit.interop import load_tokenizer_for
@@ -266,8 +265,8 @@ def test_smollm2_decodes_the_same_tokens_in_c():
         for prompt in prompts:
             ids = torch.tensor([tokenizer.encode(prompt)])
             with packed_steps(False):
-                want = model.generate(ids, 32, do_sample=False)
-            assert torch.equal(model.generate(ids, 32, do_sample=False), want)
+                want = model.generate(ids, 16, do_sample=False)
+            assert torch.equal(model.generate(ids, 16, do_sample=False), want)
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"--ctx: must be at least 4, got {args.ctx}")
     if args.windows is not None and args.windows < 1:
         raise UsageError(f"--windows: must be a positive integer, got {args.windows}")
+    if args.int8 and args.exact:
+        raise UsageError("--int8 and --exact: the integer path or the float32 one, not both")
     text, source = read_text(args.text)
     if not text.strip():
         raise UsageError(f"TEXT: {source} is empty")
@@ -101,8 +103,6 @@ def run(args: argparse.Namespace) -> None:
         )
     from attnkit import accel
 
-    if args.int8 and args.exact:
-        raise UsageError("--int8 and --exact: the integer path or the float32 one, not both")
     if args.int8 and not any(isinstance(m, accel.PackedLinear) for m in model.modules()):
         raise UsageError("--int8: needs packed weights (a GGUF model without --dequantize)")
     model = accel.prepare(model, "decoding", exact=args.exact).model  # as generate and serve
