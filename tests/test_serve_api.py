@@ -318,7 +318,13 @@ def test_a_full_queue_answers_429_and_a_slow_request_504(guarded):
     out with 504 (past --timeout 3 s), and the server goes on."""
     auth = {"Authorization": f"Bearer {KEY}"}
     body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
-    slow = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}
+    # a reply that cannot end early (the end of text forbidden): it holds the row until its 504
+    slow = {
+        "prompt": "Once upon a time",
+        "max_tokens": 2000,
+        "temperature": 0,
+        "logit_bias": {"2": -100},
+    }
     late = []
     holder = threading.Thread(
         target=lambda: late.append(
