@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit import accel
 from attnkit.accel import native
 
 RESULTS = Path(__file__).with_name("results")  # bench/results/<cpu>/<bench>.json
@@ -44,6 +45,17 @@ class Candidate:
     def rate(self) -> float:
         """Work per second, from the median time."""
         return self.work / statistics.median(self.times)
+
+
+def training_levers(model, *, unpadded: bool = True):
+    """Every lever of a training step, each by its public call, whatever the rules of this CPU
+    choose (``accel.prepare`` follows them): the fused loss, the unpadded stacks, oneDNN's
+    products (each call then takes oneDNN or MKL as ``accel.onednn_linear`` says) and the
+    attention kernel. A benchmark compares them on and off."""
+    model = accel.fuse_lm_loss(model)
+    if unpadded:
+        model = accel.unpad_stacks(model)
+    return accel.use_attention_kernel(accel.use_onednn_products(model))
 
 
 def measure(candidates: list[Candidate], repeats: int, warmup: int) -> None:

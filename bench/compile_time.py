@@ -38,18 +38,19 @@ def child(name: str) -> None:
 
     import attnkit as ak
     from attnkit import accel
+    from common import training_levers
 
     g = torch.Generator().manual_seed(0)
     if name.startswith("lm-small"):
         cfg = ak.ModelConfig.preset("lm-small")
-        model = accel.apply(ak.DecoderLM(cfg).train())
+        model = training_levers(ak.DecoderLM(cfg).train())
         ids = torch.randint(0, cfg.vocab_size, (8, 257), generator=g)
 
         def loss():
             return model.loss(ids[:, :-1], ids[:, 1:])
     else:
         cfg = ak.ModelConfig.preset("mt-small")
-        model = accel.apply(ak.Transformer(cfg).train())
+        model = training_levers(ak.Transformer(cfg).train())
         src = torch.randint(3, cfg.vocab_size, (32, 64), generator=g)
         tgt = torch.randint(3, cfg.vocab_size, (32, 64), generator=g)
 

@@ -5,8 +5,9 @@ The ``lm-small`` preset (vocab 8192, d_model 256, 8 heads, 4 layers, d_ff 1024, 
 positions, Pre-LN, GELU, tied), random weights, batch 1, a 32-token prompt, 256 new tokens.
 Prints tokens/s for both, their ratio, and attnkit's milliseconds per token over tokens 1-64
 against tokens 193-256 (a cache that grew by copying would make late tokens slower). attnkit
-runs twice: eager, and with ``generate(..., compile=True)`` (the decoding step through
-torch.compile; its one-off compile time is printed and not in the timed rounds).
+runs twice, prepared as ``attnkit generate`` prepares it (``accel.prepare(model, "decoding")``):
+eager, and a copy prepared with ``compile=True`` (the decoding step through torch.compile; its
+one-off compile time is printed and not in the timed rounds).
 
     python bench/generation.py [--new-tokens 256] [--repeats 3] [--threads 2] [--json out.json]
                                [--no-compile]
@@ -15,6 +16,7 @@ torch.compile; its one-off compile time is printed and not in the timed rounds).
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import statistics
 import time
@@ -24,6 +26,7 @@ import torch
 import transformers
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.interop import gpt2_to_hf
 from common import save_results
 
@@ -63,13 +66,17 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument(
-        "--no-compile", action="store_true", help="leave out attnkit with compile=True"
+        "--no-compile", action="store_true", help="leave out attnkit's compiled steps"
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     ours, ref = build()
+    fast = None if args.no_compile else copy.deepcopy(ours)
+    print(accel.prepare(ours, "decoding").line())
+    if fast is not None:
+        accel.prepare(fast, "decoding", compile=True)
     prompt = torch.randint(0, 8192, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     new = args.new_tokens
 
@@ -77,7 +84,7 @@ def main() -> None:
         return ours.generate(prompt, new, on_token=stamp)[0, args.prompt :].tolist()
 
     def run_compiled(stamp):
-        out = ours.generate(prompt, new, on_token=stamp, compile=True)
+        out = fast.generate(prompt, new, on_token=stamp)
         return out[0, args.prompt :].tolist()
 
     class Stamp(transformers.generation.streamers.BaseStreamer):

@@ -10,7 +10,8 @@ model's logits and F.cross_entropy, AdamW's per-parameter loop). To profile the 
 run this file with ``PYTHONPATH`` pointing at an older ``src`` (see bench/history/).
 
 The training step is profiled eager and with its layers compiled (``train.compile = true``,
-``accel.compiled_layers``); the decoding step eager and with ``generate(..., compile=True)``.
+``accel.compiled_layers``); the decoding step eager and compiled (``accel.prepare(model,
+"decoding", compile=True)``).
 In the compiled steps Inductor's own kernels are named ``graph_N_cpp_fused_...`` (elementwise
 work) and ``graph_N_gemm_...`` (its matrix kernels); they are profiled by turning on Inductor's
 ``cpp.enable_kernel_profile``. Dynamo's guard checks ("TorchDynamo Cache Lookup") and the
@@ -35,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import attnkit as ak
 from attnkit import accel
+from common import training_levers
 
 CATEGORIES = [  # (category, substrings of operator names), first match wins
     ("Inductor's fused elementwise kernels", ("_cpp_fused_",)),
@@ -124,7 +126,7 @@ def training_profile(
     ids = torch.randint(0, 8192, (8, 257), generator=g)
     inputs, targets = ids[:, :-1], ids[:, 1:]
     torch.manual_seed(0)
-    model = accel.apply(ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train())
+    model = training_levers(ak.DecoderLM(ak.ModelConfig.preset("lm-small")).train())
     options = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **options[adamw])
 
@@ -160,18 +162,18 @@ def training_profile(
 def decode_profile(tokens: int, compile: bool = False) -> dict:
     cfg = ak.ModelConfig.preset("lm-small", max_len=512, eos_id=None, bos_id=None)
     torch.manual_seed(0)
-    model = ak.DecoderLM(cfg).eval()
+    model = accel.prepare(ak.DecoderLM(cfg).eval(), "decoding", compile=compile).model
     prompt = torch.randint(0, 8192, (1, 32), generator=torch.Generator().manual_seed(0))
-    model.generate(prompt, tokens, compile=compile)  # warm-up (and compile)
+    model.generate(prompt, tokens)  # warm-up (and compile)
     start = time.perf_counter()
-    model.generate(prompt, 1, compile=compile)  # the prompt alone, to subtract
+    model.generate(prompt, 1)  # the prompt alone, to subtract
     prompt_s = time.perf_counter() - start
     start = time.perf_counter()
-    model.generate(prompt, tokens + 1, compile=compile)
+    model.generate(prompt, tokens + 1)
     plain_ms = (time.perf_counter() - start - prompt_s) * 1000.0 / tokens
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        model.generate(prompt, tokens + 1, compile=compile)
+        model.generate(prompt, tokens + 1)
         wall = time.perf_counter() - start
     # the prompt's forward is inside the profile too; with 64+ tokens it is a few percent
     result = {"unprofiled_ms": plain_ms, **summarise(prof, wall - prompt_s, tokens)}

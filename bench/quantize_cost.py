@@ -17,6 +17,7 @@ import argparse
 import torch
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description
 from gguf_agreement import PROMPTS
@@ -35,7 +36,7 @@ def main() -> None:
         greedy = [floats.generate(x, 32, do_sample=False)[0, x.shape[1] :] for x in prompts]
     print(f"{'scheme':<8} {'max |logit diff|':>17} {'mean |logit diff|':>18} {'same greedy':>12}")
     for scheme in ("int8", "int4"):
-        model = ak.quantize(ak.from_pretrained(model_path()), scheme)
+        model = accel.quantize(ak.from_pretrained(model_path()), scheme)
         diffs, same, total = [], 0, 0
         with torch.no_grad():
             for x, w, g in zip(prompts, want, greedy, strict=True):

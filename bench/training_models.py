@@ -18,7 +18,7 @@ from x_transformers import Decoder, TransformerWrapper
 import attnkit as ak
 from attnkit import accel
 from attnkit.interop import gpt2_to_hf
-from common import SEED
+from common import SEED, training_levers
 
 transformers.logging.set_verbosity_error()
 
@@ -142,7 +142,7 @@ def with_levers(
     loss_of: Callable[[], Tensor], model: nn.Module, variant: str = "attnkit"
 ) -> Callable[[], Tensor]:
     """attnkit's forward (and loss) with the speed levers the trainer applies to a step
-    (oneDNN's products, which ``accel.apply`` swapped in, forced on or off, and
+    (oneDNN's products, which ``common.training_levers`` swapped in, forced on or off, and
     ``accel.compiled_layers`` for ``train.compile``) as ``variant`` (a key of VARIANTS) says;
     the references run as they are."""
     compiled, onednn = VARIANTS[variant]
@@ -161,11 +161,11 @@ def lm_losses(models: dict[str, nn.Module], inputs: Tensor, targets: Tensor) -> 
     """Each candidate's loss. attnkit's own training loss is ``DecoderLM.loss`` (the LM head
     and the cross-entropy fused, no logits tensor); "attnkit logits" is the same model through
     its logits and ``F.cross_entropy``, as the references run."""
-    plain = accel.use_attention_kernel(models["attnkit logits"])  # as apply() does for ours
+    plain = accel.use_attention_kernel(models["attnkit logits"])  # as training_levers does
     gpt2, xt = models["HF GPT-2"], models["x-transformers"]
 
     def ours(variant: str) -> Callable[[], Tensor]:
-        model = accel.apply(models[variant])
+        model = training_levers(models[variant])
         return with_levers(lambda: model.loss(inputs, targets), model, variant)
 
     return {
@@ -288,7 +288,7 @@ def mt_batch() -> dict[str, Tensor]:
 
 def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
     """Each candidate's loss over the real target tokens (padding is ignore_index 0)."""
-    plain = accel.use_attention_kernel(models["attnkit logits"])  # as apply() does for ours
+    plain = accel.use_attention_kernel(models["attnkit logits"])  # as training_levers does
     ref, bart = models["torch.nn.Transformer"], models["HF BART"]
     args = (b["src"], b["tgt_in"], b["src_real"], b["tgt_in_real"])
 
@@ -301,7 +301,7 @@ def mt_losses(models: dict[str, nn.Module], b: dict[str, Tensor]) -> dict:
         ).logits
 
     def ours(variant: str) -> Callable[[], Tensor]:
-        model = accel.apply(models[variant], unpadded=variant != PADDED)
+        model = training_levers(models[variant], unpadded=variant != PADDED)
         return with_levers(
             lambda: model.loss(*args[:2], b["targets"], *args[2:], ignore_index=0),
             model,

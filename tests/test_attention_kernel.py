@@ -185,7 +185,8 @@ def test_training_steps_equal_with_and_without_the_kernel(family, compiled):
     CI 30-40 s on an empty Inductor cache."""
     torch.manual_seed(0)
     cfg = ak.ModelConfig.preset("tiny", norm="post" if family == "seq2seq" else "pre")
-    model = accel.apply(ak.DecoderLM(cfg) if family == "decoder" else ak.Transformer(cfg))
+    model = ak.DecoderLM(cfg) if family == "decoder" else ak.Transformer(cfg)
+    model = accel.prepare(model, "training").model
     ids = torch.randint(3, cfg.vocab_size, (3, 17))
     ids[0, -4:] = cfg.pad_id
 

@@ -87,7 +87,7 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(family):
     build, changes, loss_of = FAMILIES[family]
     cfg = ak.ModelConfig(**SMALL, **changes)
     torch.manual_seed(0)
-    model = accel.apply(build(cfg))
+    model = accel.prepare(build(cfg), "training").model
     layers = compiled_training.transformer_layers(model)
     assert len(layers) == cfg.n_layers * (2 if family == "translator" else 1)
 

@@ -329,7 +329,7 @@ def test_a_quantized_directory_trains_from_its_blocks_values(tmp_path):
     recipe = load_recipe(base)
     _, tokenizer = build_task(recipe)
     torch.manual_seed(0)
-    source = ak.quantize(build_model(recipe, tokenizer.vocab_size), "int4")
+    source = accel.quantize(build_model(recipe, tokenizer.vocab_size), "int4")
     source.save_pretrained(tmp_path / "q4", tokenizer=tokenizer)
     packed = {n: m for n, m in source.named_modules() if isinstance(m, PackedLinear)}
     recipe = _recipe(tmp_path, LM, init=str(tmp_path / "q4"), steps=8, lr=3e-3)

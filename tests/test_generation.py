@@ -1,12 +1,14 @@
 """Generation: the cache changes nothing, beam search finds what exhaustive search finds,
 sampling is reproducible, EOS stops each row on its own."""
 
+import copy
 import itertools
 
 import pytest
 import torch
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.accel import autotuning
 from attnkit.generation import beam_search, sample_next
 from ties import greedy_ties, lm_logits_at
@@ -255,11 +257,19 @@ def test_generate_restores_training_mode():
     assert model.training
 
 
+def compiled_copy(model):
+    """A copy of ``model`` prepared for decoding with compiled steps."""
+    prepared = accel.prepare(copy.deepcopy(model), "decoding", compile=True)
+    assert "compiled-step on" in prepared.line()
+    return prepared.model
+
+
 @pytest.mark.slow
 @pytest.mark.needs("g++")
 @autotuning(False)
 def test_compiled_decoding_gives_the_same_tokens():
-    # compile=True runs each cached step through torch.compile: the tokens must not change,
+    # prepare(model, "decoding", compile=True) gives a model compiled cached steps (a copy of
+    # each model here, so that the eager model stays eager): the tokens must not change,
     # for both families, greedy, sampling, beam search and left-padded prompts; a second call
     # reuses the compiled code, and another model gets its own (a stale reuse would change
     # its tokens). On a CPU the weights are constants of the compiled step, so after they
@@ -277,6 +287,7 @@ def test_compiled_decoding_gives_the_same_tokens():
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     full_mask = torch.cat([mask, torch.ones(2, 10, dtype=mask.dtype)], dim=1)
     ties = 0  # greedy rows accepted at a near-tie of their best two logits (tests/ties.py)
+    fast = {id(m): compiled_copy(m) for m in (lm, other)}
 
     def same_greedy(model, expected, got):
         nonlocal ties
@@ -285,25 +296,27 @@ def test_compiled_decoding_gives_the_same_tokens():
     for model in (lm, other, lm):
         for options in ({}, {"do_sample": True, "seed": 3, "top_k": 5}, {"num_beams": 3}):
             eager = model.generate(prompts, 10, attention_mask=mask, **options)
-            compiled = model.generate(prompts, 10, attention_mask=mask, compile=True, **options)
+            compiled = fast[id(model)].generate(prompts, 10, attention_mask=mask, **options)
             if options:  # sampling with one seed and beam search: the same tokens exactly
                 assert torch.equal(eager, compiled), options
             else:
                 same_greedy(model, eager, compiled)
-    lm.load_state_dict(other.state_dict())  # in place: lm now computes what other does
+    fast_lm = fast[id(lm)]
+    fast_lm.load_state_dict(other.state_dict())  # in place: it now computes what other does
     expected = other.generate(prompts, 10, attention_mask=mask)
-    same_greedy(other, expected, lm.generate(prompts, 10, attention_mask=mask, compile=True))
+    same_greedy(other, expected, fast_lm.generate(prompts, 10, attention_mask=mask))
     mt = make("encoder-decoder", "sinusoidal", n_layers=1)
+    fast_mt = compiled_copy(mt)
     sources = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
     eager = mt.generate(sources, 10, num_beams=3)
-    assert torch.equal(eager, mt.generate(sources, 10, compile=True, num_beams=3))
+    assert torch.equal(eager, fast_mt.generate(sources, 10, num_beams=3))
     eager = mt.generate(sources, 10)
 
     def mt_logits_at(b, i):
         with torch.no_grad():
             return mt(sources[b : b + 1], eager[b : b + 1, :i])[0, -1]
 
-    ties += greedy_ties(eager, mt.generate(sources, 10, compile=True), mt_logits_at)
+    ties += greedy_ties(eager, fast_mt.generate(sources, 10), mt_logits_at)
     assert ties <= 1  # a near-tie is rare: at most one of the 9 greedy rows compared here
     assert counters["frames"]["ok"] >= compiled_frames + 3  # the steps really were compiled
     assert sum(counters["graph_break"].values()) == graph_breaks, dict(counters["graph_break"])
@@ -329,8 +342,8 @@ def test_compiled_steps_autotune_unless_turned_off(monkeypatch):
 
 
 def test_changed_weights_drop_the_compiled_steps(monkeypatch):
-    # What frozen_weights (the block every CPU compile=True call runs in) does when a model's
-    # weights changed since its steps were compiled: it drops the compiled code (which then
+    # What frozen_weights (the block every call to a CPU's compiled steps runs in) does when a
+    # model's weights changed since its steps were compiled: it drops the compiled code (which then
     # compiles again, as the test above shows for an in-place load). Every kind of change
     # counts: in place, a parameter replaced by one of the same values, a buffer moved.
     from attnkit.accel import compiled
@@ -367,7 +380,7 @@ def test_changed_weights_drop_the_compiled_steps(monkeypatch):
 def test_compile_without_a_cxx_compiler_fails_clearly(monkeypatch):
     monkeypatch.setattr("attnkit.accel.compiled.shutil.which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
-        make("decoder").generate(torch.tensor([[3, 4]]), 2, compile=True)
+        accel.prepare(make("decoder"), "decoding", compile=True)
 
 
 _JOINS = frozenset({torch.cat, torch.concat, torch.concatenate, torch.stack, torch.Tensor.repeat})

@@ -448,18 +448,35 @@ def test_torch_dequantization_is_bit_for_bit_gguf_quants(kind, block_bytes):
     assert dequantize_blocks(rows, "Q5_K") is None  # other types go through gguf.quants
 
 
-def test_skip_init_draws_nothing_and_puts_torch_back():
-    from attnkit.interop.checkpoint import skip_init
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "alibi"])
+def test_build_empty_draws_nothing_and_keeps_ties_and_computed_buffers(monkeypatch, position):
+    # A model built to be loaded: no random number is drawn, torch is left as it was, a tied
+    # weight stays one tensor, and the buffers a constructor computes equal a normal build's.
+    from attnkit.interop.checkpoint import build_empty
 
-    before = torch.nn.init.normal_
-    with skip_init():
-        layer = torch.nn.Linear(4, 4)
-        layer.weight.data.fill_(7.0)
-        torch.nn.init.normal_(layer.weight)
-        assert bool((layer.weight == 7).all())  # nothing was drawn
-    assert torch.nn.init.normal_ is before
-    torch.nn.init.normal_(layer.weight)
-    assert not bool((layer.weight == 7).all())
+    cfg = ak.ModelConfig.preset("tiny", position=position, tie_embeddings=True)
+    normal = ak.DecoderLM(cfg)
+    init = torch.nn.init.normal_
+    drawn = []  # draws into memory (a meta tensor has none)
+
+    def draw(tensor, *args, **kwargs):
+        drawn.append(tensor.device.type != "meta")
+        return tensor
+
+    monkeypatch.setattr(torch.Tensor, "normal_", draw)
+    monkeypatch.setattr(torch.Tensor, "uniform_", draw)
+    model = build_empty(lambda: ak.DecoderLM(cfg))
+    monkeypatch.undo()
+    assert drawn and not any(drawn) and torch.nn.init.normal_ is init
+    assert model.lm_head.weight is model.embeddings.tokens.weight
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    want = dict(normal.named_buffers())
+    assert want and want.keys() == dict(model.named_buffers()).keys()
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, want[name]), name
+    model.load_state_dict(normal.state_dict())
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(model(ids), normal(ids))
 
 
 def data_start(path) -> int:

@@ -20,9 +20,9 @@ ORDER = [
     {"attention"},  # scaled_dot_product_attention, MultiHeadAttention
     {"layers"},  # FFN, MoE, norms, EncoderLayer, DecoderLayer, LMHead
     {"stacks", "serialization"},  # embeddings + stacks; the save format and family registry
-    {"accel"},  # speed levers applied from outside
     {"generation"},  # decoding algorithms, written against the models' small interface
     {"models"},  # the three families
+    {"accel"},  # speed levers, applied from above by the caller: nothing below imports them
     {"interop", "training", "explain"},  # foreign formats in; training; explanations
     {"serve"},  # the HTTP server, its engine and its page
     {"__init__"},  # the package's public face: import attnkit as ak
@@ -173,3 +173,13 @@ def test_the_model_code_asks_about_the_compiler_in_one_place():
         and "accel" not in path.relative_to(SRC).parts
     )
     assert asking == ["attnkit/checks.py"], asking
+
+
+def test_import_attnkit_loads_no_speed_lever():
+    # accel sits above the models: the package, its models and generate run without it.
+    import subprocess
+    import sys
+
+    code = "import sys, attnkit; print(sorted(m for m in sys.modules if 'attnkit.accel' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

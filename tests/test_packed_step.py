@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.accel import PackedStack, native, packed_stack, packed_steps, use_integer_products
 from attnkit.accel.packed_step import why_not
 
@@ -248,7 +249,7 @@ def test_what_it_cannot_run_goes_eager(tmp_path_factory):
         hook.remove()
         model.eval()
     # models it cannot run: it says why, and packed_stack leaves them as they are
-    floats = ak.quantize(ak.DecoderLM(ak.ModelConfig.preset("tiny")).eval(), "int8")
+    floats = accel.quantize(ak.DecoderLM(ak.ModelConfig.preset("tiny")).eval(), "int8")
     assert why_not(floats).startswith("cfg.")
     assert type(packed_stack(floats).decoder) is ak.stacks.Decoder
 
@@ -297,7 +298,7 @@ def test_gemma3_in_c_equals_the_eager_stack(tmp_path, integer, laid_out):
     from test_interop_gemma3 import _gemma3
 
     _, model = _gemma3(tmp_path)
-    ak.quantize(model, "Q4_1", skip=["lm_head"])
+    accel.quantize(model, "Q4_1", skip=["lm_head"])
     ffn = model.decoder.layers[1].ffn
     dense = torch.nn.Linear(ffn.down.in_features, ffn.down.out_features, bias=False)
     dense.weight.data = ffn.down.dequantized()

@@ -105,7 +105,7 @@ def test_a_packed_model_prepared_for_decoding_answers_as_the_plain_one(on, seed)
         "tiny", vocab_size=64, position="rope", norm_type="rmsnorm", activation="swiglu",
         bias=False, n_kv_heads=2, eos_id=2,
     )  # fmt: skip
-    plain = ak.quantize(ak.DecoderLM(cfg).eval(), "Q8_0", skip=["lm_head"])
+    plain = accel.quantize(ak.DecoderLM(cfg).eval(), "Q8_0", skip=["lm_head"])
     ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[1, :2] = False

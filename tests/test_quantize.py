@@ -1,4 +1,4 @@
-"""ak.quantize: weight-only int8 / int4 blocks for any attnkit model, their accuracy cost, and
+"""accel.quantize: weight-only int8 / int4 blocks for any attnkit model, their accuracy cost, and
 save / load through safetensors (no pickle)."""
 
 import json
@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors import safe_open
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.accel.packed import PackedLinear, dequantize
 from attnkit.accel.quantize import dequantize_model
 from attnkit.serialization import packed_layout
@@ -36,7 +37,7 @@ def test_quantize_rounds_weights_as_llama_cpp_does(scheme, kind):
         if isinstance(m, torch.nn.Linear)
     }
     biases = {n: m.bias for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    ak.quantize(model, scheme)
+    accel.quantize(model, scheme)
     packed = {n: m for n, m in model.named_modules() if isinstance(m, PackedLinear)}
     assert set(packed) == set(floats)  # every linear layer, the head too
     assert model.cfg.extra["packed"] == {n: kind for n in floats}
@@ -53,7 +54,7 @@ def test_quantized_outputs_stay_close_and_int8_is_closer():
     with torch.no_grad():
         want = small()(ids)
         errors = {
-            s: (ak.quantize(small(), s)(ids) - want).abs().max().item() for s in ("int8", "int4")
+            s: (accel.quantize(small(), s)(ids) - want).abs().max().item() for s in ("int8", "int4")
         }
     assert 0 < errors["int8"] < errors["int4"] < 0.5 * want.abs().max().item()
     assert errors["int8"] < 0.02 * want.abs().max().item()
@@ -61,7 +62,7 @@ def test_quantized_outputs_stay_close_and_int8_is_closer():
 
 @pytest.mark.parametrize("family", ["lm", "classifier"])
 def test_a_quantized_model_saves_and_loads_exactly(tmp_path, family):
-    model = ak.quantize(small(family), "int4")
+    model = accel.quantize(small(family), "int4")
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids)
@@ -79,7 +80,7 @@ def test_a_quantized_model_saves_and_loads_exactly(tmp_path, family):
 def test_from_pretrained_dequantizes_a_quantized_directory_only_when_asked(tmp_path):
     # dequantize=None (the default) and False load the blocks as saved; True turns them into
     # float32 layers holding the blocks' values (what a GPU or training needs).
-    model = ak.quantize(small(), "int4")
+    model = accel.quantize(small(), "int4")
     model.save_pretrained(tmp_path / "q")
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -99,8 +100,8 @@ def test_from_pretrained_dequantizes_a_quantized_directory_only_when_asked(tmp_p
 
 @pytest.mark.parametrize("family", ["lm", "classifier"])
 def test_dequantize_model_gives_float_layers_that_compute_the_same_and_train(family):
-    packed = ak.quantize(small(family), "int4")
-    model = ak.quantize(small(family), "int4")
+    packed = accel.quantize(small(family), "int4")
+    model = accel.quantize(small(family), "int4")
     assert dequantize_model(model) == len(packed_layout(packed)) > 0
     assert not packed_layout(model) and "packed" not in model.cfg.extra
     for name, module in packed.named_modules():
@@ -120,19 +121,19 @@ def test_quantized_models_are_not_averaged(tmp_path):
     cfg = small().cfg
     for seed in (0, 1):
         torch.manual_seed(seed)
-        ak.quantize(ak.DecoderLM(cfg), "int4").save_pretrained(tmp_path / f"q{seed}")
+        accel.quantize(ak.DecoderLM(cfg), "int4").save_pretrained(tmp_path / f"q{seed}")
     with pytest.raises(ValueError, match="blocks do not average: average the float32 models, th"):
         average_models([tmp_path / "q0", tmp_path / "q1"], tmp_path / "mean")
 
 
 def test_bad_arguments_and_a_bad_layout_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"scheme must be one of .*got 'int3'"):
-        ak.quantize(small(), "int3")
+        accel.quantize(small(), "int3")
     with pytest.raises(ValueError, match=r"group_size must be 32 .*got 64"):
-        ak.quantize(small(), "int8", group_size=64)
+        accel.quantize(small(), "int8", group_size=64)
     with pytest.raises(ValueError, match=r"skip names no module of the model: \['lm_haed'\]"):
-        ak.quantize(small(), "int8", skip=["lm_haed"])
-    kept = ak.quantize(small(), "int8", skip=["lm_head"])
+        accel.quantize(small(), "int8", skip=["lm_haed"])
+    kept = accel.quantize(small(), "int8", skip=["lm_head"])
     assert not isinstance(kept.lm_head, PackedLinear)
     kept.save_pretrained(tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
+from attnkit import accel
 from attnkit.accel import (
-    decoding_layout,
     decoding_layouts,
     fuse_lm_loss,
     linear,
@@ -73,7 +73,7 @@ def test_linear_falls_back_to_f_linear_where_onednn_does_not_apply():
 
 @needs_onednn
 def test_linear_keeps_strided_weight_slices_away_from_onednn():
-    """Rows of a transposed in_proj (the cross-attention's q and kv inside decoding_layout) are
+    """Rows of a transposed in_proj (the cross-attention's q and kv laid out for decoding) are
     neither (out, in) nor (in, out) dense; oneDNN ran them 100-1000x slower, so F.linear does."""
     x = torch.randn(32, 16)
     transposed = torch.randn(48, 16).t().contiguous().t()  # (48, 16), strides (1, 48)
@@ -364,7 +364,10 @@ def test_transformer_loss_equals_cross_entropy_of_its_logits(fused):
     )
 
 
-def test_decoding_layout_change_the_layout_not_the_values_and_restore_it():
+def test_the_decoding_layout_changes_the_layout_not_the_values():
+    # prepare(model, "decoding") gives every linear layer a new weight laid out as (in, out)
+    # rows: the same values, a tied weight still tied, saved in the usual layout; greedy
+    # decoding with and without the cache agrees.
     cfg = ak.ModelConfig.preset("tiny", eos_id=None)
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg).eval()
@@ -372,34 +375,25 @@ def test_decoding_layout_change_the_layout_not_the_values_and_restore_it():
     x = torch.randn(1, 1, cfg.d_model)
     head = model.lm_head
     expected = head(x)
-    with decoding_layout(model):
-        assert head.weight.shape == (cfg.vocab_size, cfg.d_model)
-        assert head.weight.stride() == (1, cfg.vocab_size)  # (in, out) rows in memory
-        assert head.weight is model.embeddings.tokens.weight  # still tied
-        torch.testing.assert_close(head(x), expected, rtol=1e-5, atol=1e-6)
-    assert all(p.is_contiguous() for p in model.parameters())
+    assert "decoding-layout on" in accel.prepare(model, "decoding").line()
+    assert head.weight.shape == (cfg.vocab_size, cfg.d_model)
+    assert head.weight.stride() == (1, cfg.vocab_size)  # (in, out) rows in memory
+    assert head.weight is model.embeddings.tokens.weight  # still tied
+    torch.testing.assert_close(head(x), expected, rtol=1e-5, atol=1e-6)
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
     prompt = torch.randint(3, cfg.vocab_size, (2, 5))
     cached = model.generate(prompt, 12)
     assert torch.equal(cached, model.generate(prompt, 12, use_cache=False))
-    assert all(p.is_contiguous() for p in model.parameters())
 
 
 def test_the_decoding_layout_can_be_switched_off():
     cfg = ak.ModelConfig.preset("tiny", eos_id=None)
     torch.manual_seed(0)
     model = ak.DecoderLM(cfg).eval()
-    prompt = torch.randint(3, cfg.vocab_size, (2, 5))
-    seen = []
-    model.lm_head.register_forward_hook(lambda m, args, out: seen.append(m.weight.is_contiguous()))
-    expected = model.generate(prompt, 8)
-    assert seen and not any(seen)  # on (the default): (in, out) rows while decoding
-    seen.clear()
     with decoding_layouts(False):
-        assert torch.equal(model.generate(prompt, 8), expected)
-    assert seen and all(seen)  # off: the weights stay as they are
-    assert model.lm_head.weight.is_contiguous()
+        assert "decoding-layout off" in accel.prepare(model, "decoding").line()
+    assert all(p.is_contiguous() for p in model.parameters())  # the weights as they were
 
 
 @needs_onednn

@@ -318,7 +318,7 @@ def test_compiled_layers_attend_over_the_real_rows_and_compile_once(monkeypatch)
     loss and gradients are the eager step's, and a batch of other lengths (another number of
     real rows) runs the same compiled code: nothing compiles again."""
     cfg = ak.ModelConfig.preset("tiny")
-    model = accel.apply(build("encoder", cfg))
+    model = accel.prepare(build("encoder", cfg), "training").model
     calls = []
     real_forward = MultiHeadAttention._packed
     monkeypatch.setattr(

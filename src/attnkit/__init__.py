@@ -4,7 +4,6 @@ The public API is listed in ``__all__``; docs/ARCHITECTURE.md maps the package: 
 arrows between them, where each concept lives and where the speed levers plug in.
 """
 
-from attnkit.accel.quantize import quantize
 from attnkit.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnkit.caches import KVCache
 from attnkit.config import ModelConfig
@@ -48,7 +47,6 @@ __all__ = [
     "from_pretrained",
     "padding_mask",
     "positions_from_mask",
-    "quantize",
     "scaled_dot_product_attention",
     "shift_right",
     "sinusoidal_table",

@@ -19,27 +19,35 @@ negative log-probability); 1.0 (the default) ranks by the mean log-probability p
 values favour longer outputs further. Hugging Face's formula is the same, but for decoder-only
 models its ``length`` includes the prompt; attnkit's never does.
 
-``compile=True`` runs each cached step through ``torch.compile`` with the weights frozen into it
-(:mod:`attnkit.accel.compiled`): the same tokens (tested), faster per step after a one-off
-compile. Without it, each step is the model's own forward: a Llama model with packed weights
-that ``accel.prepare(model, "decoding")`` readied runs its prompt and its steps in C
-(``accel.PackedStack``), and a model nobody prepared gets each linear weight laid out for
-one-row products for the call (``accel.decoding_layout``).
+A cached step is the one the model provides: ``model.decoding_steps``, a :class:`DecodingSteps`
+that a speed lever may put there (``accel.prepare(model, "decoding", compile=True)`` puts
+compiled steps: the same tokens, tested), else the plain steps below, the model's own forward.
+This module knows no lever: a model that ``accel.prepare`` readied runs faster by what its
+modules became (a packed Llama stack in C, weights laid out for one-row products), not by
+anything decided here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from attnkit import checks
-from attnkit.accel import compiled_step, decoding_layout, frozen_weights
 
-__all__ = ["BeamHypothesis", "beam_search", "generate", "lm_step", "lm_stepper", "sample_next"]
+__all__ = [
+    "BeamHypothesis",
+    "DecodingSteps",
+    "beam_search",
+    "generate",
+    "lm_step",
+    "sample_next",
+    "seq2seq_step",
+    "steps_of",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,17 +105,28 @@ def lm_step(model, tokens: Tensor, mask: Tensor | None, cache) -> Tensor:
     return model.lm_head(model.hidden_states(tokens, mask, cache)[0][:, -1])
 
 
-def lm_stepper(model, *, compile: bool = False, device: torch.device | None = None):
-    """A DecoderLM's cached one-token step, called as :func:`lm_step`: compiled, else
-    :func:`lm_step` itself (the model's own forward, in C for a prepared packed model)."""
-    return compiled_step(lm_step, device) if compile else lm_step
-
-
-def _seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
+def seq2seq_step(model, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, cache) -> Tensor:
     """A Transformer decoder's logits (B, V) after ``tokens``, as :func:`lm_step`: the lean
     ``decoder_states`` (``generate`` and ``encode`` did ``decode``'s checks), the LM head."""
     hidden = model.decoder_states(tokens, memory, src_mask, None, cache, False)[0]
     return model.lm_head(hidden[:, -1])
+
+
+@dataclass(frozen=True)
+class DecodingSteps:
+    """The protocol between a model and the decoding loops: ``lm`` (called as :func:`lm_step`)
+    and ``seq2seq`` (as :func:`seq2seq_step`) run the cached steps, and ``session(model)`` is a
+    context held around a whole ``generate`` call. A model provides its own as
+    ``model.decoding_steps``; the default is the plain steps."""
+
+    lm: Callable[..., Tensor] = lm_step
+    seq2seq: Callable[..., Tensor] = seq2seq_step
+    session: Callable[..., AbstractContextManager] = nullcontext
+
+
+def steps_of(model) -> DecodingSteps:
+    """The cached steps ``model`` provides (``model.decoding_steps``), else the plain ones."""
+    return getattr(model, "decoding_steps", None) or DecodingSteps()
 
 
 class _DecoderLMStepper:
@@ -115,13 +134,13 @@ class _DecoderLMStepper:
 
     The prompt goes through the checks of ``forward``, then :func:`lm_step` (the lean
     ``hidden_states``, the LM head on the last position only), as do uncached steps; cached
-    steps go through the step :func:`lm_stepper` picks.
+    steps go through the model's own (:func:`steps_of`).
     """
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache, compile):
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens, use_cache):
         self.model, self.use_cache = model, use_cache
         self.device = input_ids.device
-        self.cached_step = lm_stepper(model, compile=compile, device=self.device)
+        self.cached_step = steps_of(model).lm
         self.ids = input_ids
         self.mask = model.check_inputs(input_ids, attention_mask)
         dtype = next(model.parameters()).dtype
@@ -159,10 +178,10 @@ class _DecoderLMStepper:
 class _TransformerStepper:
     """Feeds the encoder-decoder: the encoder runs once; the decoder starts from BOS."""
 
-    def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache, compile):
+    def __init__(self, model, src_ids, src_mask, max_new_tokens, use_cache):
         self.model, self.use_cache = model, use_cache
         self.device = src_ids.device
-        self.cached_step = compiled_step(_seq2seq_step, self.device) if compile else _seq2seq_step
+        self.cached_step = steps_of(model).seq2seq
         self.src_mask = src_mask
         self.memory = model.encode(src_ids, src_mask)  # (B, S, D), computed once
         b = src_ids.shape[0]
@@ -180,14 +199,14 @@ class _TransformerStepper:
         )
 
     def start(self) -> Tensor:
-        return _seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, self.cache)
+        return seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, self.cache)
 
     def step(self, tokens: Tensor) -> Tensor:
         tokens = tokens.unsqueeze(1)  # (B, 1)
         self.tgt = torch.cat([self.tgt, tokens], dim=1)
         if self.use_cache:
             return self.cached_step(self.model, tokens, self.memory, self.src_mask, self.cache)
-        return _seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, None)
+        return seq2seq_step(self.model, self.tgt, self.memory, self.src_mask, None)
 
     def reorder(self, index: Tensor) -> None:
         self.tgt = self.tgt.index_select(0, index)
@@ -329,14 +348,13 @@ def _beam_search(stepper, batch, k, max_new_tokens, eos_id, length_penalty, on_f
 
 
 @contextmanager
-def _eval_mode(model, compile_on_cpu: bool = False):
-    """Dropout off while generating; mode and layout restored afterwards. Eager steps get each
-    linear weight laid out for one-row products (``accel.decoding_layout``); a step compiled on
-    a CPU packs its own copy instead (``accel.frozen_weights``)."""
+def eval_mode(model):
+    """Dropout off while generating, inside the model's decoding session (:func:`steps_of`);
+    the mode restored afterwards."""
     was_training = model.training
     model.eval()
     try:
-        with frozen_weights(model) if compile_on_cpu else decoding_layout(model):
+        with steps_of(model).session(model):
             yield
     finally:
         model.train(was_training)
@@ -353,7 +371,6 @@ def beam_search(
     length_penalty: float = 1.0,
     eos_id: int | None = None,
     use_cache: bool = True,
-    compile: bool = False,
     on_finish: Callable[[int, BeamHypothesis], None] | None = None,
 ) -> list[list[BeamHypothesis]]:
     """Beam search, returning every finished hypothesis of each input, best first.
@@ -363,10 +380,8 @@ def beam_search(
     """
     _check_options(max_new_tokens, 1.0, None, None, num_beams, False)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
-    with _eval_mode(model, _compile_on_cpu(input_ids, use_cache, compile)):
-        stepper = _stepper(
-            model, input_ids, attention_mask, num_beams, max_new_tokens, use_cache, compile
-        )
+    with eval_mode(model):
+        stepper = _stepper(model, input_ids, attention_mask, num_beams, max_new_tokens, use_cache)
         return _beam_search(
             stepper,
             input_ids.shape[0],
@@ -405,19 +420,14 @@ def _prepare(model, input_ids, max_new_tokens, eos_id) -> int | None:
     return eos_id
 
 
-def _compile_on_cpu(input_ids: Tensor, use_cache: bool, compile: bool) -> bool:
-    """Whether the cached steps are compiled with the weights frozen (``frozen_weights``)."""
-    return compile and use_cache and input_ids.device.type == "cpu"
-
-
-def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache, compile=False):
+def _stepper(model, input_ids, attention_mask, k, max_new_tokens, use_cache):
     """A stepper over k copies of each input row (k > 1: beam search)."""
     rows = input_ids.repeat_interleave(k, dim=0) if k > 1 else input_ids  # (B k, N)
     mask = attention_mask
     if mask is not None:
         mask = mask.bool().repeat_interleave(k, dim=0) if k > 1 else mask.bool()
     stepper_cls = _DecoderLMStepper if model.family == "decoder-only" else _TransformerStepper
-    return stepper_cls(model, rows, mask, max_new_tokens, use_cache, compile and use_cache)
+    return stepper_cls(model, rows, mask, max_new_tokens, use_cache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,13 +452,11 @@ def generate(
     use_cache: bool = True,
     seed: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
-    compile: bool = False,
 ) -> Tensor:
     """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
     Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
     tokens with BOS first). Rows that finish (EOS) are filled with ``pad_id``; generation stops
-    early once every row has finished. ``compile=True`` runs the cached step through
-    ``torch.compile``. The module docstring has the decoding rules."""
+    early once every row has finished. The module docstring has the decoding rules."""
     _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     cfg = model.cfg
@@ -463,7 +471,6 @@ def generate(
             length_penalty=length_penalty,
             eos_id=eos_id,
             use_cache=use_cache,
-            compile=compile,
         )
         longest = max(len(h[0].tokens) for h in hypotheses)
         new = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=input_ids.device)
@@ -483,10 +490,8 @@ def generate(
             def choose(logits):
                 return logits.argmax(dim=-1)
 
-        with _eval_mode(model, _compile_on_cpu(input_ids, use_cache, compile)):
-            stepper = _stepper(
-                model, input_ids, attention_mask, 1, max_new_tokens, use_cache, compile
-            )
+        with eval_mode(model):
+            stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)
             new = _greedy_or_sample(
                 stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose, on_token
             )

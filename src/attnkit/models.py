@@ -394,7 +394,7 @@ class Transformer(_Model):
     def generate(self, src_ids: Tensor, max_new_tokens: int, *, src_mask=None, **options):
         """Translate: target tokens (B, 1 + T), BOS first, each row filled with pad_id after its
         EOS. The encoder runs once; with the cache each layer's cross-attention keys and values
-        are computed once per source. ``options`` (do_sample, num_beams, compile, ...) as in
+        are computed once per source. ``options`` (do_sample, num_beams, ...) as in
         :func:`attnkit.generation.generate`."""
         if "attention_mask" in options:  # DecoderLM.generate's name for its mask
             raise TypeError("Transformer.generate: pass the source's mask as src_mask=")
@@ -490,6 +490,6 @@ class DecoderLM(_Model):
         filled with pad_id after its EOS. Prompts of different lengths go left-padded with an
         ``attention_mask``. ``on_token(tokens)`` is called with each step's new tokens (B,)
         (greedy and sampling), for streaming. ``options`` (do_sample, temperature, top_k, top_p,
-        num_beams, length_penalty, eos_id, use_cache, seed, on_token, compile) as in
+        num_beams, length_penalty, eos_id, use_cache, seed, on_token) as in
         :func:`attnkit.generation.generate`."""
         return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, **options)

@@ -99,8 +99,12 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
-        self.max_len = max_len
+        self.max_len, self.d_model = max_len, d_model
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Compute the table again (a model built on the meta device, then loaded)."""
+        self.table = sinusoidal_table(self.max_len, self.d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
         _check_positions("SinusoidalPositions", positions, self.max_len)
@@ -149,8 +153,14 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: base (rope_theta) must be > 1, got {base!r}")
         self.dim = dim
         self.base = float(base)
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d / 2,)
+        self.register_buffer("inv_freq", None, persistent=False)  # (d / 2,)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Compute the frequencies ``base ** (-2i / d)`` (again, for a model built on the meta
+        device, then loaded)."""
+        steps = torch.arange(0, self.dim, 2, dtype=torch.float32)
+        self.inv_freq = 1.0 / (self.base ** (steps / self.dim))
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin of the rotation angles, each (B, 1, N, d) for positions (B, N)."""
@@ -218,6 +228,10 @@ class ALiBi(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
+
+    def reset_buffers(self) -> None:
+        """Compute the slopes again (a model built on the meta device, then loaded)."""
+        self.slopes = alibi_slopes(self.n_heads)
 
     def bias(self, query_positions: Tensor, key_positions: Tensor) -> Tensor:
         """The additive bias (B, H, N, M) for positions (B, N) and (B, M)."""

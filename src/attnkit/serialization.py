@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 from torch import nn
 
 from attnkit.config import ModelConfig
@@ -35,12 +35,12 @@ __all__ = [
     "FAMILIES",
     "TOKENIZER_FILE",
     "WEIGHTS_FILE",
+    "build_empty",
     "family",
     "load_attnkit",
     "packed_layout",
     "read_config",
     "save_pretrained",
-    "skip_init",
     "write_pretrained",
 ]
 
@@ -69,20 +69,17 @@ def _family_of(model: nn.Module) -> str:
     return name
 
 
-@contextmanager
-def _contiguous(model: nn.Module):
-    """Inside the block every tensor of ``model`` is stored contiguously, as safetensors
-    writes them (a weight laid out for decoding, ``accel.prepare``, is (out, in) with strides
-    (1, out)); the layout is restored after. A tied weight stays tied."""
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    changed = [(t, t.data) for t in tensors.values() if not t.is_contiguous()]
-    try:
-        for t, data in changed:
-            t.data = data.contiguous()
-        yield
-    finally:
-        for t, data in changed:
-            t.data = data
+def _stored(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as the file keeps it: each tensor contiguous (a weight laid out for
+    decoding is (out, in) with strides (1, out)), a tied one once, under its first name
+    (``load_model`` fills the others)."""
+    stored, seen = {}, set()
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if key not in seen:
+            seen.add(key)
+            stored[name] = t.contiguous()
+    return stored
 
 
 def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> None:
@@ -92,8 +89,7 @@ def write_pretrained(model: nn.Module, directory: Path, *, tokenizer=None) -> No
     (directory / CONFIG_FILE).write_text(
         json.dumps({"attnkit": meta, "config": model.cfg.to_dict()}, indent=2) + "\n"
     )
-    with _contiguous(model):
-        save_model(model, str(directory / WEIGHTS_FILE))
+    save_file(_stored(model), str(directory / WEIGHTS_FILE))
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_FILE)
 
@@ -145,8 +141,7 @@ def load_attnkit(path: Path, data: dict[str, Any], prepare=None) -> nn.Module:
         cfg = ModelConfig.from_dict(data.get("config"))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path / CONFIG_FILE}: {error}") from None
-    with skip_init():  # every weight is read below (a missing one is an error)
-        model = FAMILIES[name].from_meta(cfg, meta)
+    model = build_empty(lambda: FAMILIES[name].from_meta(cfg, meta))  # every weight is read
     if prepare is not None:
         prepare(model)
     weights = path / WEIGHTS_FILE
@@ -164,23 +159,29 @@ def load_attnkit(path: Path, data: dict[str, Any], prepare=None) -> nn.Module:
     return model.eval()
 
 
-@contextmanager
-def skip_init():
-    """Build modules inside this block without drawing their random initial weights.
+def build_empty(build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` without drawing random initial weights, for a model whose weights are all
+    loaded next.
 
     A model about to receive loaded weights would spend over a second (SmolLM2-135M, 2 cores)
-    filling 135M parameters with random numbers that ``load_state_dict`` then overwrites.
-    ``torch.nn.init``'s fill functions (which ``nn.Linear``, ``nn.Embedding`` and attnkit's
-    ``init_weights`` call) leave the tensor as it is inside the block; everything else a
-    constructor computes (RoPE's frequencies, say) is computed as usual. Not thread-safe: the
-    functions are swapped module-wide for the duration.
+    filling 135M parameters with random numbers. So the model is built on the ``meta`` device
+    (shapes, no memory); each parameter and buffer then gets uninitialised memory on the CPU (a
+    tied weight one tensor, still tied), and each module that computes buffers in its
+    constructor (positions' tables and frequencies) computes them again (``reset_buffers()``).
     """
-    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "trunc_normal_")
-    saved = {name: getattr(torch.nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
+    with torch.device("meta"):
+        model = build()
+    fresh: dict[int, torch.Tensor] = {}
+    named = [*model.named_parameters(remove_duplicate=False)]
+    named += [*model.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if id(t) not in fresh:
+            new = torch.empty_like(t, device="cpu")
+            is_parameter = isinstance(t, nn.Parameter)
+            fresh[id(t)] = nn.Parameter(new, t.requires_grad) if is_parameter else new
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, fresh[id(t)])
+    for module in model.modules():
+        if hasattr(module, "reset_buffers"):
+            module.reset_buffers()
+    return model

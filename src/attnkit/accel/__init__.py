@@ -25,10 +25,10 @@ processor: measure before relying on one).
                   ``fuse_lm_loss(model)`` (the C kernel off: ``loss_kernels(False)`` or
                   ``ATTNKIT_LOSS_KERNEL=0``)
     decoding.py   one-row (decoding) products over weights laid out as (in, out) rows:
-                  ``with decoding_layout(model):`` (off: ``decoding_layouts(False)``)
-    compiled.py   the cached decoding step through torch.compile, weights frozen into it:
-                  ``compiled_step(step, device)``, ``with frozen_weights(model):`` (CPU
-                  autotuning off: ``autotuning(False)`` or ``ATTNKIT_AUTOTUNE=0``)
+                  ``lay_out_for_decoding(model)`` (off: ``decoding_layouts(False)``)
+    compiled.py   the cached decoding steps through torch.compile, weights frozen into them:
+                  ``compiled_steps(device)``, a model's ``decoding_steps`` (CPU autotuning
+                  off: ``autotuning(False)`` or ``ATTNKIT_AUTOTUNE=0``)
     compiled_training.py  a training step whose Transformer layers run through torch.compile
                   (the products still in oneDNN): ``with compiled_layers(model):``
     memory.py     glibc's malloc keeps freed blocks in the process instead of handing them
@@ -56,14 +56,13 @@ processor: measure before relying on one).
 
 ``prepare(model, "training" | "decoding")`` (prepare.py) is the front door: it turns on what the
 job uses here and returns every lever with its state and why it is off, one line for a run's
-header; ``levers(job)`` answers without a model (``attnkit info``). ``apply(model)`` is its
-model-changing part alone (the fused loss, the unpadded stacks, oneDNN's products, the attention
-kernel), for benchmarks that compare them; the trainer also calls ``keep_freed_memory()``.
+header; ``levers(job)`` answers without a model (``attnkit info``); the trainer also calls
+``keep_freed_memory()``. Nothing below ``accel`` imports it: the models, ``generate`` and
+``import attnkit`` run without it, and a lever reaches a model only through what a caller
+applies here.
 """
 
 from __future__ import annotations
-
-from torch import nn
 
 from attnkit.accel.attention import (
     FUSED_NAME,
@@ -72,9 +71,9 @@ from attnkit.accel.attention import (
     tiles_available,
     use_attention_kernel,
 )
-from attnkit.accel.compiled import autotuning, compiled_step, frozen_weights
+from attnkit.accel.compiled import autotuning, compiled_steps
 from attnkit.accel.compiled_training import check_compiler, compiled_layers
-from attnkit.accel.decoding import decoding_layout, decoding_layouts
+from attnkit.accel.decoding import decoding_layouts, lay_out_for_decoding
 from attnkit.accel.lm_loss import FusedLMHead, fuse_lm_loss, linear_cross_entropy, loss_kernels
 from attnkit.accel.memory import keep_freed_memory, release_file_pages, return_freed_memory
 from attnkit.accel.onednn import (
@@ -99,19 +98,17 @@ __all__ = [
     "PackedLinear",
     "PackedStack",
     "Prepared",
-    "apply",
     "attention_kernel",
     "attention_tiles",
     "autotuning",
     "bf16_products_fast",
     "check_compiler",
     "compiled_layers",
-    "compiled_step",
-    "decoding_layout",
+    "compiled_steps",
     "decoding_layouts",
-    "frozen_weights",
     "fuse_lm_loss",
     "keep_freed_memory",
+    "lay_out_for_decoding",
     "levers",
     "linear",
     "linear_cross_entropy",
@@ -132,17 +129,3 @@ __all__ = [
     "use_integer_products",
     "use_onednn_products",
 ]
-
-
-def apply(
-    model: nn.Module, *, fused_loss: bool = True, unpadded: bool = True, onednn: bool = True
-) -> nn.Module:
-    """Turn on the levers that change a model (the fused LM-head loss, the unpadded stacks,
-    oneDNN's float32 products, the attention kernel for its layers' fused path); returns the
-    model."""
-    if fused_loss:
-        model = fuse_lm_loss(model)
-    if unpadded:
-        model = unpad_stacks(model)
-    model = use_onednn_products(model, onednn)
-    return use_attention_kernel(model)

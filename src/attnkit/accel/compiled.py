@@ -6,10 +6,11 @@ weights become constants of the compiled step (Inductor's *freezing*), which let
 each weight matrix for its own C++ matrix kernel and keep that kernel where it measures faster
 than torch's (``max_autotune``). The first call for a model compiles (a C++ compiler is
 needed; bench/history/ gives the time it took); later calls reuse it.
-``generate(..., compile=True)`` uses both. Autotuning builds and times several kernels for
-each product: on an empty Inductor cache lm-small's first compile took 81 s with it and 47.5 s
-without (bench/history/). ``ATTNKIT_AUTOTUNE=0`` (or ``with autotuning(False):``) compiles
-without it, with torch's GEMM.
+``accel.prepare(model, "decoding", compile=True)`` gives the model both, as its
+``decoding_steps`` (:func:`compiled_steps`), which ``generate`` runs. Autotuning builds and
+times several kernels for each product: on an empty Inductor cache lm-small's first compile
+took 81 s with it and 47.5 s without (bench/history/). ``ATTNKIT_AUTOTUNE=0`` (or ``with
+autotuning(False):``) compiles without it, with torch's GEMM.
 
 Because the compiled step holds its own packed copy of the weights, :func:`frozen_weights`
 checks the weights on every call: if any parameter or buffer was changed since the step was
@@ -28,14 +29,15 @@ import shutil
 import warnings
 import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from attnkit.accel.packed import packed_kernel, register_operator
 from attnkit.accel.switch import Switch
+from attnkit.generation import DecodingSteps, lm_step, seq2seq_step
 
-__all__ = ["autotuning", "compiled_step", "frozen_weights"]
+__all__ = ["autotuning", "compiled_step", "compiled_steps", "frozen_weights"]
 
 _COMPILED: dict[tuple[Callable, str, bool], Callable] = {}
 _autotune = Switch("ATTNKIT_AUTOTUNE")
@@ -88,6 +90,14 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
     return _COMPILED[key]
 
 
+def compiled_steps(device: torch.device) -> DecodingSteps:
+    """The cached decoding steps compiled for ``device``, for a model's ``decoding_steps``: on
+    a CPU each ``generate`` call runs inside :func:`frozen_weights`."""
+    session = frozen_weights if device.type == "cpu" else nullcontext
+    lm, seq2seq = compiled_step(lm_step, device), compiled_step(seq2seq_step, device)
+    return DecodingSteps(lm, seq2seq, session)
+
+
 # The weights each model's compiled steps were made with (see _weights_state).
 _COMPILED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -95,8 +105,7 @@ _COMPILED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _weights_state(model) -> tuple:
     """What identifies a model's current weights: each parameter's and buffer's identity,
     version counter (every in-place change bumps it), dtype, device, shape and strides. Not
-    its storage: eager generation re-lays the weights out (``decoding_layout``) without
-    changing a value."""
+    its storage."""
     return tuple(
         (id(t), t._version, t.dtype, t.device, t.shape, t.stride())
         for t in itertools.chain(model.parameters(), model.buffers())
@@ -105,7 +114,7 @@ def _weights_state(model) -> tuple:
 
 @contextmanager
 def frozen_weights(model):
-    """Compile the steps of this block with the weights as constants (CPU ``compile=True``).
+    """Compile the steps of this block with the weights as constants (a CPU's compiled steps).
 
     Dynamo reads Inductor's ``freezing`` flag while it traces (to make the weights graph
     constants), so the flag is set for the whole block, not only in the compile options. If

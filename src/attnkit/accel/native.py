@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import logging
 import os
 import platform
 import re
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -34,7 +34,6 @@ __all__ = [
     "STRUCTS",
     "VARIANTS",
     "X86_ONLY",
-    "KernelWarning",
     "cpu",
     "cpu_flags",
     "library",
@@ -54,8 +53,10 @@ _ENV = "ATTNKIT_KERNELS"
 STRUCTS = ("View", "Shape", "LlamaLayer", "LlamaCache")
 
 
-class KernelWarning(RuntimeWarning):
-    """attnkit's native kernels could not be used: the PyTorch paths run instead."""
+# Why the native kernels could not be used (the PyTorch paths run instead), once per reason: a
+# warning on the "attnkit" logger, which Python prints to stderr unless the caller's logging
+# says otherwise (the command line prints it as "attnkit: warning: ...").
+_log = logging.getLogger("attnkit")
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ _warned: set[str] = set()
 def _warn(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message + ": PyTorch's paths run instead", KernelWarning, stacklevel=3)
+        _log.warning("%s: PyTorch's paths run instead", message)
 
 
 def _choose() -> str | None:

@@ -20,7 +20,7 @@ chooses and reports:
   with the native kernels, whose variants all give that path the same bits, so the same file
   gives the same answers on any x86 machine (``exact=True``, ``--exact`` or ``ATTNKIT_INT8=0``:
   the float32 path); the linear weights are laid out for one-row products once;
-  ``generate(compile=True)`` compiles the step.
+  ``compile=True`` gives the model compiled decoding steps (``accel.compiled_steps``).
 
 No lever that changes a model's arithmetic is chosen by timing it: each is on or off by a rule
 that reads the CPU, the model and the switches, and says so in its reason.
@@ -36,6 +36,7 @@ from torch import nn
 
 from attnkit.accel import decoding, native, packed_step  # noqa: F401 (their switches)
 from attnkit.accel.attention import tiles_available, use_attention_kernel
+from attnkit.accel.compiled import compiled_steps
 from attnkit.accel.decoding import lay_out_for_decoding
 from attnkit.accel.lm_loss import fuse_lm_loss
 from attnkit.accel.onednn import (
@@ -147,7 +148,9 @@ def _integer_lever(model: nn.Module | None, exact: bool = False) -> Lever:
     return Lever("int8-products", True, f"{path}; rule: {INT8_RULE}")
 
 
-def _decoding_levers(model: nn.Module | None, exact: bool = False) -> list[Lever]:
+def _decoding_levers(
+    model: nn.Module | None, exact: bool = False, compile: bool = False
+) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
     packed = _kernel_lever(
         "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama and Gemma 3, {native.variant()} kernels"
@@ -159,7 +162,7 @@ def _decoding_levers(model: nn.Module | None, exact: bool = False) -> list[Lever
         packed,
         _integer_lever(model, exact),
         Lever("decoding-layout", layout.on, "once, in place" if layout.on else layout.why_off),
-        Lever("compiled-step", False, "generate(compile=True) asks for it"),
+        Lever("compiled-step", compile, "as asked" if compile else "compile=True asks for it"),
     ]
 
 
@@ -170,7 +173,7 @@ def levers(job: str) -> list[Lever]:
     return _training_levers(None) if job == "training" else _decoding_levers(None)
 
 
-def prepare(model: nn.Module, job: str, *, exact: bool = False) -> Prepared:
+def prepare(model: nn.Module, job: str, *, exact: bool = False, compile: bool = False) -> Prepared:
     """Ready ``model`` for ``job`` (``"training"`` or ``"decoding"``) and report every lever.
 
     For training, the model's LM heads get the fused loss, its stacks the unpadded forward and
@@ -181,21 +184,25 @@ def prepare(model: nn.Module, job: str, *, exact: bool = False) -> Prepared:
     are laid out for one-row products once, in place (so that ``generate`` need not do it per
     call), and a Llama model with packed weights gets its decoder stack in C (``PackedStack``:
     the prompt in chunks and every step, each token's arithmetic the same whatever shares its
-    call). Returns the model (as changed) and the levers; nothing changes the model's answers
-    except the integer path, which its lever reports.
+    call); ``compile=True`` gives it compiled decoding steps (``model.decoding_steps``, run by
+    ``generate``). Returns the model (as changed) and the levers; nothing changes the model's
+    answers except the integer path, which its lever reports.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
     if job not in JOBS:
         raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
     if job == "decoding":
-        found = _decoding_levers(model, exact)
+        found = _decoding_levers(model, exact, compile)
         on = {lever.name: lever.on for lever in found}
         use_integer_products(model, bool(on["int8-products"]))
         if on["decoding-layout"]:
             lay_out_for_decoding(model)
         if on["packed-step"]:
             model = packed_stack(model)
+        if compile:
+            device = next(model.parameters()).device
+            model.decoding_steps = compiled_steps(device)
         return Prepared(model, job, found)
     found = _training_levers(model)
     on = {lever.name: lever.on for lever in found}

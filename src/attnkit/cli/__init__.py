@@ -10,9 +10,9 @@ the traceback of a failure.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 
 from attnkit.cli.common import UsageError
@@ -22,19 +22,14 @@ __all__ = ["UsageError", "build_parser", "main"]
 
 
 def _one_line_warnings() -> None:
-    """attnkit's own warnings (a kernel that did not load) as one line each, not with the
-    source line that raised them."""
-    from attnkit.accel.native import KernelWarning
-
-    shown = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, KernelWarning):
-            print(f"attnkit: warning: {message}", file=sys.stderr)
-        else:
-            shown(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show
+    """attnkit's own warnings (a kernel that did not load, on the "attnkit" logger) as one
+    line each on stderr."""
+    log = logging.getLogger("attnkit")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("attnkit: warning: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> None:
     device = to_device(model, args.device, path)
     from attnkit import accel
 
-    prepared = accel.prepare(model, "decoding", exact=args.exact)  # once, before the prompt
+    prepared = accel.prepare(model, "decoding", exact=args.exact, compile=args.compile)
     model = prepared.model
     prompt_ids = torch.tensor([ids], device=device)
     new_tokens = args.max_new_tokens
@@ -143,7 +143,6 @@ def run(args: argparse.Namespace) -> None:
             num_beams=args.beam,
             seed=args.seed,
             on_token=stream if args.beam == 1 else None,
-            compile=args.compile,
         )
     except ValueError as error:  # named as the options are, not as generate's arguments
         message = re.sub(

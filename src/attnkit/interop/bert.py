@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors, skip_init
+from attnkit.interop.checkpoint import Tensors, build_empty
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import EncoderClassifier, EncoderModel
 
@@ -174,16 +174,13 @@ def encoder_model(
 ) -> nn.Module:
     """The EncoderModel holding ``state`` or, with ``num_classes``, the EncoderClassifier that
     also takes ``classifier.weight`` / ``.bias`` from ``tensors``; every tensor must be used."""
-    with skip_init():  # load_state_dict(strict=True) below fills every weight
-        if num_classes:
-            model: nn.Module = EncoderClassifier(cfg, num_classes, pooling="cls")
-            state = {f"encoder.{k}": v for k, v in state.items()}
-            state["classifier.weight"] = tensors.take(
-                "classifier.weight", (num_classes, cfg.d_model)
-            )
-            state["classifier.bias"] = tensors.take("classifier.bias", (num_classes,))
-        else:
-            model = EncoderModel(cfg)
+    if num_classes:  # load_state_dict(strict=True) below fills every weight
+        model = build_empty(lambda: EncoderClassifier(cfg, num_classes, pooling="cls"))
+        state = {f"encoder.{k}": v for k, v in state.items()}
+        state["classifier.weight"] = tensors.take("classifier.weight", (num_classes, cfg.d_model))
+        state["classifier.bias"] = tensors.take("classifier.bias", (num_classes,))
+    else:
+        model = build_empty(lambda: EncoderModel(cfg))
     tensors.check_all_used()
     model.load_state_dict(state, strict=True)
     return model.eval()

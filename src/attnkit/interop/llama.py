@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors, skip_init
+from attnkit.interop.checkpoint import Tensors, build_empty
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import DecoderLM
 
@@ -197,8 +197,7 @@ def llama_from_tensors(
     else:
         ours["lm_head.weight"] = tensors.take("lm_head.weight", (cfg.vocab_size, d))
     tensors.check_all_used()
-    with skip_init():  # every weight is loaded next
-        model = DecoderLM(cfg)
+    model = build_empty(lambda: DecoderLM(cfg))  # every weight is loaded next
     model.load_state_dict(ours, strict=True, assign=assign)
     return model.eval()
 

@@ -130,7 +130,7 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
     ``dequantize`` chooses between float32 weights and weights kept in 4- or 8-bit blocks:
 
     - ``None`` (the default): a GGUF file is dequantized to float32, and a directory that a
-      quantized model (:func:`attnkit.quantize`) was saved to keeps its packed layers;
+      quantized model (:func:`attnkit.accel.quantize`) was saved to keeps its packed layers;
     - ``True``: every weight is float32, packed layers included (for training, or a GPU);
     - ``False``: blocks are kept: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (and Q5_0, as
       Q8_0) linear layers stay in them (:func:`attnkit.interop.gguf.load_gguf`), and a

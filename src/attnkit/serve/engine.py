@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from attnkit.caches import KVCache
-from attnkit.generation import _eval_mode, lm_step, lm_stepper, sample_next
+from attnkit.generation import eval_mode, lm_step, sample_next, steps_of
 from attnkit.serve.grammar import Grammars
 from attnkit.serve.jobs import Job, Request, Sink
 from attnkit.serve.prompt_cache import PromptCache
@@ -183,8 +183,8 @@ class Engine:
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """The decoding loop, on the calling thread, until :meth:`close` (or ``until()``)."""
-        with torch.no_grad(), _eval_mode(self.model):
-            self.cached_step = lm_stepper(self.model)
+        with torch.no_grad(), eval_mode(self.model):
+            self.cached_step = steps_of(self.model).lm
             while not self._stop.is_set() and not (until is not None and until()):
                 try:
                     self._admit()
