@@ -40,9 +40,9 @@ def main() -> None:
 
     import attnkit as ak
     from attnkit.interop import load_tokenizer_for
-    from attnkit.interop.pretrained import _packaged
+    from attnkit.interop.pretrained import shipped
 
-    path = _packaged(__import__("pathlib").Path("gemma3"))
+    path = shipped(__import__("pathlib").Path("gemma3"))
     print(f"CPU: {cpu_description()}\nfile: {path}")
     tokenizer = load_tokenizer_for("gemma3")
     figures: dict = {}

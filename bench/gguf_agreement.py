@@ -56,20 +56,26 @@ def round_like_llama_cpp(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaCppRounding:
-    """Inside the block, every packed product rounds its input row as llama.cpp does."""
+    """Inside the block, every packed product of ``model`` rounds its input row as llama.cpp
+    does (a forward pre-hook on each PackedLinear)."""
+
+    def __init__(self, model) -> None:
+        self.layers = [m for m in model.modules() if isinstance(m, packed.PackedLinear)]
 
     def __enter__(self):
-        self.forward = packed.PackedLinear.forward
-        original = self.forward
-        packed.PackedLinear.forward = lambda layer, x: original(layer, round_like_llama_cpp(x))
+        def round_input(layer, args):
+            return (round_like_llama_cpp(args[0]),)
+
+        self.hooks = [layer.register_forward_pre_hook(round_input) for layer in self.layers]
 
     def __exit__(self, *exc):
-        packed.PackedLinear.forward = self.forward
+        for hook in self.hooks:
+            hook.remove()
 
 
 def attnkit_run(model, ids: list[int], new_tokens: int, rounding: bool = False):
     x = torch.tensor([ids])
-    with torch.no_grad(), LlamaCppRounding() if rounding else _nothing():
+    with torch.no_grad(), LlamaCppRounding(model) if rounding else _nothing():
         with packed_steps(not rounding):  # the C step would bypass the rounding
             logits = model(x)[0, -1].numpy()
             out = model.generate(x, new_tokens, do_sample=False)

@@ -35,9 +35,9 @@ def gguf_path(model: str):
         return model_path()
     from pathlib import Path
 
-    from attnkit.interop.pretrained import _packaged
+    from attnkit.interop.pretrained import shipped
 
-    return _packaged(Path("gemma3"))  # the shipped chunks, joined once
+    return shipped(Path("gemma3"))  # the shipped chunks, joined once
 
 
 def attnkit_worker(threads: int, model_name: str, path: str):

@@ -7,7 +7,8 @@ float32 path of the packed products (``prepare(model, "decoding", exact=True)``)
 - the packed products: the time spent inside ``PackedLinear`` in those steps (the kernel, and
   the few tensor operations around each call);
 - the rest: norms, RoPE, attention, the KV cache, residual adds, module calls: counted as the
-  number of tensor operations (ATen calls) one step makes;
+  number of tensor operations (ATen calls, nested ones included, as torch.profiler lists them)
+  one step makes;
 - the kernel alone: the C kernel called directly on every layer's blocks, one after the other
   as in a step, without the Python around it;
 - the C step's parts: the stack's call alone (30 layers and the final norm), and the rest (the
@@ -21,11 +22,11 @@ float32 path of the packed products (``prepare(model, "decoding", exact=True)``)
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
 from attnkit.accel import packed, packed_steps
@@ -33,16 +34,6 @@ from attnkit.generation import lm_step
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description
 from gguf_speed import PROMPT, model_path
-
-
-class CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def read_bandwidth() -> float:
@@ -66,14 +57,23 @@ def main() -> None:
     layers = [m for m in model.modules() if isinstance(m, packed.PackedLinear)]
     weight_bytes = sum(m.blocks.numel() for m in layers)
 
-    inside = [0.0]
-    forward = packed.PackedLinear.forward
+    inside, started = [0.0], [0.0]
 
-    def timed(layer, x):
-        start = time.perf_counter()
-        out = forward(layer, x)
-        inside[0] += time.perf_counter() - start
-        return out
+    def timing(on: bool) -> list:
+        """Forward hooks on every packed layer that add its time to inside[0] (on), or none."""
+        if not on:
+            return []
+        before = [
+            m.register_forward_pre_hook(lambda *_: started.__setitem__(0, time.perf_counter()))
+            for m in layers
+        ]
+        after = [
+            m.register_forward_hook(
+                lambda *_: inside.__setitem__(0, inside[0] + time.perf_counter() - started[0])
+            )
+            for m in layers
+        ]
+        return before + after
 
     model.generate(ids, 4, do_sample=False)  # warm-up: the kernel is built and loaded
     steps, products, c_steps = [], [], []
@@ -88,37 +88,37 @@ def main() -> None:
 
     for _ in range(3):
         with packed_steps(False):
-            packed.PackedLinear.forward = timed
+            hooks = timing(True)
             try:
                 model.generate(ids, 2, do_sample=False)
                 inside[0] = 0.0
                 steps.append(step_time())
                 products.append(inside[0] / 49)  # the prompt's products are a small share
             finally:
-                packed.PackedLinear.forward = forward
+                for hook in hooks:
+                    hook.remove()
         c_steps.append(step_time())
-    cache = model.new_cache(1, 64)
+    prompted = model.new_cache(1, 64)
     with torch.no_grad():
-        lm_step(model, ids, None, cache)
-        x, position = torch.randn(1, 1, model.cfg.d_model), torch.tensor([cache.length])
-        calls, past = [], cache.length
-        for _ in range(20):  # the same position each time: this step's slot is rewritten
-            for kv in cache.self_attn:
-                kv.length = past
+        lm_step(model, ids, None, prompted)
+        x, position = torch.randn(1, 1, model.cfg.d_model), torch.tensor([prompted.length])
+        calls = []
+        for _ in range(20):  # the same position each time, on a copy of the prompt's cache
+            cache = copy.deepcopy(prompted)
             start = time.perf_counter()
             model.decoder(x, positions=position, cache=cache)
             calls.append(time.perf_counter() - start)
 
     # the operators of one eager one-token step after the prompt (as generate runs it with
-    # packed_steps(False)), counted by a dispatch mode around that call alone
+    # packed_steps(False)), counted by torch.profiler around that call alone
     counts, cache = [], model.new_cache(1, 64)
-    with torch.no_grad():
+    with torch.no_grad(), packed_steps(False):
         token = lm_step(model, ids, None, cache).argmax(-1, keepdim=True)
-        with CountOps() as mode:
+        with torch.profiler.profile() as prof:
             lm_step(model, token, None, cache)
-    counts.append(mode.count)
+    counts.append(sum(event.name.startswith("aten::") for event in prof.events()))
 
-    kernel, codes = packed.packed_kernel(), packed._KIND_CODES
+    kernel, codes = packed.packed_kernel(), packed.KIND_CODES
     rows = {m.in_features: torch.randn(m.in_features) for m in layers}
     outs = [torch.empty(m.out_features) for m in layers]
     alone = []

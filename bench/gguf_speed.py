@@ -57,9 +57,9 @@ def model_path() -> Path:
 def gguf_file(model: str) -> Path:
     if model == "smollm2":
         return model_path()
-    from attnkit.interop.pretrained import _packaged
+    from attnkit.interop.pretrained import shipped
 
-    return _packaged(Path("gemma3"))  # the shipped chunks, joined once
+    return shipped(Path("gemma3"))  # the shipped chunks, joined once
 
 
 def run_attnkit(packed: bool, integer: bool, threads: int, new_tokens: int, file: Path) -> dict:

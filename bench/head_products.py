@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from attnkit import accel
 from common import cpu_description
 
 V, D = 8192, 256
@@ -59,10 +60,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1024, help="rows in a chunk")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    onednn = torch.ops.mkldnn._linear_pointwise  # (a, b) -> a b^T, as accel.onednn calls it
 
-    def by_onednn(a, b_t):
-        return onednn(a, b_t, None, "none", [], "")
+    def by_onednn(a, b_t):  # (a, b) -> a b^T through oneDNN, as accel.linear calls it
+        with accel.onednn_linear(True):
+            return accel.linear(a, b_t)
 
     g = torch.Generator().manual_seed(0)
     rows = args.rows

@@ -24,14 +24,14 @@ from sklearn.linear_model import LogisticRegression
 
 import attnkit as ak
 from attnkit.interop.embeddings import sentence_embeddings
-from attnkit.training.recipes import REVIEW_LABELS, _load_examples, load_recipe
+from attnkit.training.recipes import REVIEW_LABELS, load_examples, load_recipe
 
 C_VALUES = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 
 def _splits():
     recipe = load_recipe("examples/reviews-zh.toml")  # the texts and labels its task reads
-    return _load_examples(recipe.data)
+    return load_examples(recipe.data)
 
 
 def _fit(features: dict, labels: dict) -> tuple[float, float, float]:

@@ -19,7 +19,7 @@ import torch
 import attnkit as ak
 from attnkit.interop import load_tokenizer_for
 from attnkit.training.classification import classify
-from attnkit.training.recipes import _load_examples, load_recipe
+from attnkit.training.recipes import load_examples, load_recipe
 
 BATCH = 64
 
@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipe = load_recipe(args.recipe)
-    examples = _load_examples(recipe.data)[args.split]
+    examples = load_examples(recipe.data)[args.split]
     texts, labels = [t for t, _ in examples], torch.tensor([y for _, y in examples])
     max_len = recipe.data.block_size
     tokenizer = load_tokenizer_for(args.checkpoints[0])

@@ -21,6 +21,7 @@ default) and one started with ``--prompt-cache 0``; the mean time to the first t
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import httpx
 from openai import OpenAI
 
 from common import cpu_description
+from gguf_speed import model_path
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -164,6 +166,32 @@ def load(url: str, counts: list[int], max_tokens: int, label: str) -> None:
         )
 
 
+def start_llamacpp(threads: int, n_batch: int) -> tuple[subprocess.Popen, str]:
+    command = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(model_path()),
+        "--n_threads", str(threads), "--n_batch", str(n_batch), "--logits_all", "True",
+        "--n_ctx", "2048",
+        # its default lets each new request cut the one in progress short
+        "--interrupt_requests", "False",
+    ]  # fmt: skip
+    return launch(command, "llama.cpp's server", "/v1/models")
+
+
+def llamacpp_server(threads: int) -> tuple[subprocess.Popen, str]:
+    """llama-cpp-python's server on SmolLM2, started again with ``--n_batch 1`` where its
+    batched prompt path dies with SIGILL (tried on one prompt)."""
+    process, url = start_llamacpp(threads, 512)
+    body = {"prompt": "Question: What is 2+2?\nAnswer:", "max_tokens": 1}
+    try:
+        httpx.post(url + "/v1/completions", json=body, timeout=300).raise_for_status()
+        return process, url
+    except httpx.TransportError:
+        if process.wait(timeout=30) != -signal.SIGILL:
+            raise
+    print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
+    return start_llamacpp(threads, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -189,8 +217,6 @@ def main() -> None:
         process.terminate()
         process.wait(timeout=30)
     if args.llamacpp:
-        from serve_vs_llamacpp import llamacpp_server
-
         process, url = llamacpp_server(2)
         try:
             load(url, counts, args.max_tokens, "llama-cpp-python's server")

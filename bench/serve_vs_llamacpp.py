@@ -23,45 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
 from common import cpu_description, save_results
 from gguf_speed import model_path
-from serve import launch, start_server
+from serve import llamacpp_server, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "lm_eval" / "attnkit_mc.jsonl"
-
-
-def start_llamacpp(threads: int, n_batch: int) -> tuple[subprocess.Popen, str]:
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(model_path()),
-        "--n_threads", str(threads), "--n_batch", str(n_batch), "--logits_all", "True",
-        "--n_ctx", "2048",
-        # its default lets each new request cut the one in progress short
-        "--interrupt_requests", "False",
-    ]  # fmt: skip
-    return launch(command, "llama.cpp's server", "/v1/models")
-
-
-def llamacpp_server(threads: int) -> tuple[subprocess.Popen, str]:
-    """llama-cpp-python's server on SmolLM2, started again with ``--n_batch 1`` where its
-    batched prompt path dies with SIGILL (tried on one prompt)."""
-    process, url = start_llamacpp(threads, 512)
-    body = {"prompt": "Question: What is 2+2?\nAnswer:", "max_tokens": 1}
-    try:
-        httpx.post(url + "/v1/completions", json=body, timeout=300).raise_for_status()
-        return process, url
-    except httpx.TransportError:
-        if process.wait(timeout=30) != -signal.SIGILL:
-            raise
-    print("llama.cpp: SIGILL in its batched prompt path on this CPU; n_batch=1 instead")
-    return start_llamacpp(threads, 1)
 
 
 def questions() -> list[tuple[str, list[str], int]]:

@@ -124,14 +124,12 @@ def matmul_candidates(dtype: torch.dtype, n: int = 4096) -> list[Candidate]:
     out = [Candidate(f"torch.mm {n} {name}", lambda: torch.mm(a, b), flops)]
     if dtype == torch.float32 and onednn_linear_available():
         bt = b.t().contiguous()  # oneDNN's linear takes the weight as (out, in)
-        linear = torch.ops.mkldnn._linear_pointwise
-        out.append(
-            Candidate(
-                f"oneDNN matmul {n} {name}",
-                lambda: linear(a, bt, None, "none", [], ""),
-                flops,
-            )
-        )
+
+        def by_onednn():
+            with accel.onednn_linear(True):
+                return accel.linear(a, bt)
+
+        out.append(Candidate(f"oneDNN matmul {n} {name}", by_onednn, flops))
     return out
 
 

@@ -183,3 +183,24 @@ def test_import_attnkit_loads_no_speed_lever():
     code = "import sys, attnkit; print(sorted(m for m in sys.modules if 'attnkit.accel' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_benchmarks_use_attnkits_public_names_and_import_no_circle():
+    # A benchmark measures what users run: no attnkit name that starts with "_", and no two
+    # bench files that import each other (directly or around a circle).
+    bench = SRC.parent / "bench"
+    local = {f.stem for f in bench.glob("*.py")}
+    graph, private = {}, []
+    for f in sorted(bench.glob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        graph[f.stem] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module in local:
+                    graph[f.stem].add(node.module)
+                if node.module.startswith("attnkit"):
+                    private += [f"{f.name}: {a.name}" for a in node.names if a.name[0] == "_"]
+            elif isinstance(node, ast.Import):
+                graph[f.stem] |= {a.name for a in node.names if a.name in local}
+    assert not private, private
+    assert not [w for w in violations(graph) if w.startswith("cycle")]

@@ -143,6 +143,21 @@ def structure(name: str) -> type[ctypes.Structure]:
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
 
+@cache
+def kinds() -> dict[str, int]:
+    """The weight kinds of ``packed.h``'s enums, the one definition both sides read:
+    ``{"Q8_0": 0, ..., "BLOCK_KINDS": 6, "TILE_BASE": 8, "FLOAT_ROWS": 16, ...}``."""
+    text = re.sub(r"/\*.*?\*/", "", (_HERE / "packed.h").read_text(encoding="utf-8"), flags=re.S)
+    found: dict[str, int] = {}
+    for body in re.findall(r"enum\s*{([^}]*)}", text):
+        value = -1
+        for item in body.split(","):
+            name, _, given = item.partition("=")
+            value = int(given) if given.strip() else value + 1
+            found[name.strip()] = value
+    return found
+
+
 def _prototypes(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Every exported function's arguments and result, set once on a loaded library."""
     view, shape = ctypes.POINTER(structure("View")), ctypes.POINTER(structure("Shape"))

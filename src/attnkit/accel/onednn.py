@@ -23,7 +23,7 @@ run), and :func:`measure` times both for the benchmarks.
 Each product is the registered torch operator ``attnkit::onednn_mm`` with its gradients
 (:func:`onednn_mm`): autograd runs its registered backward, and inside a graph that
 ``torch.compile`` builds for training (``accel.compiled_layers``) it stays one opaque call; an
-inference graph (``accel.compiled_step``) sees ordinary linears instead.
+inference graph (``accel.compiled_steps``) sees ordinary linears instead.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and not torch.is_autocast_enabled("cpu")  # autocast casts to bf16: torch's path
         # Under torch.compile: a training graph keeps the product as the registered operator
         # (compiled layers, accel.compiled_layers); an inference graph sees an ordinary linear,
-        # which Inductor's freezing packs for its own kernel (accel.compiled_step).
+        # which Inductor's freezing packs for its own kernel (accel.compiled_steps).
         and (not torch.compiler.is_compiling() or torch.is_grad_enabled())
         and onednn_linear_available()
         and _enabled()

@@ -12,11 +12,12 @@
 #define HIDDEN __attribute__((visibility("hidden")))
 
 /* Weight kinds, as LlamaLayer.kind and the exported functions take them: blocks 0-5, the
- * integer path's tiles 8-13 (8 + the blocks' kind), float32 16 ((N, K) rows) and 17 ((K, N)). */
+ * integer path's tiles (TILE_BASE + the blocks' kind), float32 (N, K) rows and (K, N) columns.
+ * Defined here alone: attnkit/accel/native.py reads these enums (native.kinds()). */
 enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, BLOCK_KINDS };
-#define TILES(kind) (8 + (kind))
-#define IS_TILES(code) ((code) >= 8 && (code) < 8 + BLOCK_KINDS)
-enum { FLOAT_ROWS = 16, FLOAT_COLUMNS = 17 };
+enum { TILE_BASE = 8, FLOAT_ROWS = 16, FLOAT_COLUMNS = 17 };
+#define TILES(kind) (TILE_BASE + (kind))
+#define IS_TILES(code) ((code) >= TILE_BASE && (code) < TILE_BASE + BLOCK_KINDS)
 
 /* packed.c: sums[r * K/32 + b] = the sum of x's block b in row r (for a block's minimum m), and
  * y (rows, N) = or += (add) x (rows, K) W^T for blocks of `kind`, inside a parallel region. */

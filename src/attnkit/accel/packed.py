@@ -75,8 +75,9 @@ __all__ = [
     "use_integer_products",
 ]
 
-_KIND_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
-TILE_CODES = {kind: 8 + code for kind, code in _KIND_CODES.items()}  # packed_tile's output
+# the kinds' codes, as packed.h defines them (native.kinds()): blocks, and tiles of blocks
+KIND_CODES = {k: native.kinds()[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_K")}
+TILE_CODES = {kind: native.kinds()["TILE_BASE"] + code for kind, code in KIND_CODES.items()}
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 _changes = 0  # how many times a PackedLinear took or left its tiles (tiles_changed())
@@ -215,7 +216,7 @@ class PackedLinear(nn.Module):
             check_tile_layout(self)
             y = product(x, self.tiles, TILE_CODES[self.kind], self.out_features)
         else:
-            y = product(x, self.blocks, _KIND_CODES[self.kind], self.out_features)
+            y = product(x, self.blocks, KIND_CODES[self.kind], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -248,7 +249,7 @@ def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
     out = torch.empty(len(blocks), in_features)
     threads = torch.get_num_threads()
     status = kernel.packed_dequantize(
-        _KIND_CODES[kind], blocks.data_ptr(), out.data_ptr(), len(blocks), in_features, threads
+        KIND_CODES[kind], blocks.data_ptr(), out.data_ptr(), len(blocks), in_features, threads
     )
     if status != 0:  # cannot happen for blocks PackedLinear checked
         raise RuntimeError(f"packed_dequantize refused {kind} rows of {in_features} ({status})")
@@ -274,7 +275,7 @@ def _tiled(blocks: Tensor, kind: str, in_features: int, release: bool = False) -
             tiles[start : start + DEQUANTIZED_ROWS],
         )
         status = kernel.packed_tile(
-            _KIND_CODES[kind], rows.data_ptr(), out.data_ptr(), len(rows), in_features, threads
+            KIND_CODES[kind], rows.data_ptr(), out.data_ptr(), len(rows), in_features, threads
         )
         if status != 0:  # cannot happen for blocks PackedLinear checked
             raise RuntimeError(f"packed_tile refused {kind} rows of {in_features} ({status})")
@@ -339,7 +340,7 @@ _operator = None
 def register_operator():
     """Register :func:`_packed_product` as the operator ``torch.ops.attnkit.packed_linear``
     (once; returns it), so that ``torch.compile`` keeps a packed product as one call in a
-    compiled step. ``accel.compiled_step`` registers it when the kernel is built. (Not at
+    compiled step. ``accel.compiled_steps`` registers it when the kernel is built. (Not at
     import: torch's operator registration imports its compiler, a second of start-up; and
     eager calls skip the operator's dispatch, which costs more than a decoding step's small
     product.)"""

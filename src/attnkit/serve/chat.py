@@ -52,9 +52,9 @@ def chat_template_for(path: str | os.PathLike[str]) -> str | None:
     directory's ``chat_template.jinja`` or ``tokenizer_config.json``), or None. A GGUF file of
     Gemma 3 without one gets Gemma's turns (:data:`GEMMA_TEMPLATE`)."""
     from attnkit.interop.gguf import gguf_metadata, read_gguf
-    from attnkit.interop.pretrained import _packaged, is_gguf_file
+    from attnkit.interop.pretrained import is_gguf_file, shipped
 
-    path = _packaged(Path(path))
+    path = shipped(Path(path))
     if is_gguf_file(path):
         metadata = gguf_metadata(read_gguf(path))
         template = metadata.get("tokenizer.chat_template")

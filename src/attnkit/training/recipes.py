@@ -364,7 +364,7 @@ def _load_splits(data: DataConfig):
     return loader(path, **_fractions(data))
 
 
-def _load_examples(data: DataConfig) -> dict[str, list]:
+def load_examples(data: DataConfig) -> dict[str, list]:
     """The pairs (translation) or labelled texts (reviews-zh) of each split, shuffled by hash
     (the review loader lists positives first; a fixed shuffle mixes them) and cut to
     max_examples."""
@@ -428,7 +428,7 @@ def build_task(recipe: Recipe, tokenizer=None) -> tuple[Task, Any]:
         pad = -100 if recipe.model.get("init") else tokenizer.pad_id
         task = LanguageModelTask(streams, data.block_size, seed=seed, pad_id=pad)
         return task, tokenizer
-    examples = _load_examples(data)
+    examples = load_examples(data)
     if recipe.task == "translation":
         if tokenizer is None:
             sides = [text for pair in examples["train"] for text in pair]
