@@ -230,7 +230,7 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
     assert len(calls) == 2
     # a decoder's self-attention through the registry: the fused path hands the padding and the
     # causal flag over unmerged to the kernel the layer chose, and torch's SDPA gets them merged
-    assert backends.FUSED[accel.FUSED_NAME] is attention
+    assert backends.ATTENTION[accel.FUSED_NAME].fused is attention
     out = backends.attend(q, k, v, mask=keys, is_causal=True, fused=accel.FUSED_NAME)[0]
     assert len(calls) == 3
     want = backends.attend(q, k, v, mask=keys, is_causal=True)[0]
@@ -238,22 +238,31 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
-def test_layers_choose_the_kernel_by_name():
-    """``use_attention_kernel`` (which ``accel.prepare`` calls) sets each layer's
-    ``attn_implementation``; the same model gives the same loss either way."""
+def test_a_model_chooses_its_attention_by_name():
+    """One registry (``backends.ATTENTION``): the model's config names the implementation,
+    ``use_attention_kernel`` (which ``accel.prepare`` calls) sets it through
+    ``set_attn_implementation``; "math", "sdpa" and "attnkit" give the same loss."""
     model = ak.DecoderLM(ak.ModelConfig.preset("tiny"))
     layers = [m for m in model.modules() if isinstance(m, ak.MultiHeadAttention)]
-    assert {m.attn_implementation for m in layers} == {"sdpa"}
+    assert {m.attn_implementation for m in layers} == {"sdpa"} == {model.cfg.attn_implementation}
     ids = torch.randint(3, 100, (2, 9))
     want = model.loss(ids[:, :-1], ids[:, 1:])
     assert accel.use_attention_kernel(model) is model
     assert {m.attn_implementation for m in layers} == {accel.FUSED_NAME}
+    assert model.cfg.attn_implementation == accel.FUSED_NAME
+    torch.testing.assert_close(model.loss(ids[:, :-1], ids[:, 1:]), want, rtol=1e-5, atol=1e-6)
+    model.set_attn_implementation("math")
     torch.testing.assert_close(model.loss(ids[:, :-1], ids[:, 1:]), want, rtol=1e-5, atol=1e-6)
     accel.use_attention_kernel(model, False)
     assert {m.attn_implementation for m in layers} == {"sdpa"}
-    assert backends.fused_names() == ("sdpa", accel.FUSED_NAME)
-    with pytest.raises(ValueError, match="register_fused: name must be a new non-empty name"):
-        backends.register_fused("sdpa", attention)
+    assert {"math", "sdpa", accel.FUSED_NAME} <= set(backends.ATTENTION)
+    built = ak.DecoderLM(ak.ModelConfig.preset("tiny", attn_implementation=accel.FUSED_NAME))
+    assert {m.attn_implementation for m in built.modules() if hasattr(m, "in_proj")} == {"attnkit"}
+    assert "attn_implementation" not in built.cfg.to_dict()  # the run's choice, not saved
+    with pytest.raises(ValueError, match="register_attention: name must be a new non-empty"):
+        backends.register_attention("sdpa", attention)
+    with pytest.raises(ValueError, match=r"attn_implementation must be one of .* got 'flash'"):
+        model.set_attn_implementation("flash")
 
 
 def test_a_causal_call_with_fewer_queries_aligns_bottom_right():

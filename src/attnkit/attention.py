@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import checks
-from attnkit.backends import BACKENDS, PACKED, attend
+from attnkit.backends import BACKENDS, attend, attention_implementation
 from attnkit.caches import Keys, KVCache
 from attnkit.masks import causal_mask, padding_mask
 from attnkit.position import ALiBi, RotaryEmbedding
@@ -106,8 +106,9 @@ class MultiHeadAttention(nn.Module):
     - ``attention``: the backend, ``"full"``, ``"window"`` (with ``window``) or ``"linear"``.
     - A cache (``caches.KVCache``, ``caches.RollingKVCache``, ``backends.LinearAttentionState``)
       keeps earlier keys and values for incremental decoding.
-    - ``attn_implementation``: the fused path's kernel by name, torch's ``"sdpa"`` or one
-      registered in ``backends.FUSED`` (``accel.prepare`` sets ``"attnkit"`` for training).
+    - ``attn_implementation``: softmax attention's implementation by name, one of
+      ``backends.ATTENTION``: torch's ``"sdpa"`` (the default), ``"math"``, or one a speed
+      lever registered (``accel.prepare`` chooses ``"attnkit"`` for training).
 
     ``mask`` follows attnkit's convention, True = may attend, broadcastable to (B, H, N, M).
     (``torch.nn.MultiheadAttention``'s ``key_padding_mask`` means the opposite: convert with
@@ -128,8 +129,10 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         d_head: int | None = None,
         qk_norm_eps: float | None = None,
+        attn_implementation: str = "sdpa",
     ) -> None:
         super().__init__()
+        attention_implementation(attn_implementation)  # a known name
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_module(d_model, n_heads, n_kv_heads, dropout, rope, alibi, attention, window, d_head)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
@@ -138,9 +141,7 @@ class MultiHeadAttention(nn.Module):
         self.attention, self.window = attention, window
         backend = BACKENDS[attention]
         self.backend = partial(backend, window=window) if attention == "window" else backend
-        # the fused path's kernel, by name (backends.fused_names()): torch's "sdpa" unless a
-        # speed lever chooses another for this layer (accel.prepare: "attnkit", its C kernel)
-        self.attn_implementation = "sdpa"
+        self.attn_implementation = attn_implementation  # by name: backends.ATTENTION
         self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         # QK-norm (Gemma 3): each query and key head RMS-normalised before RoPE
@@ -208,7 +209,7 @@ class MultiHeadAttention(nn.Module):
                 context_positions, cache, return_weights) -> Tensor:  # fmt: skip
         """:meth:`forward` over packed real rows x (1, T, D) (context (1, T_src, D)).
 
-        Where the layer's fused kernel has a variable-length form (``backends.PACKED``) that
+        Where the layer's attention implementation has a variable-length form that
         takes these rows, and the attention is the plain softmax over equal heads, each
         sequence attends to its own rows as they lie (no padding computed). Otherwise q, k and
         v are scattered into the padded (B, H, N, d) layout (zeros at the padding), attention
@@ -221,7 +222,7 @@ class MultiHeadAttention(nn.Module):
                 "rows= takes x as (1, T, d_model) packed rows (and context_rows= with a "
                 "context), with no cache and no attention weights"
             )
-        packed = PACKED.get(self.attn_implementation)
+        packed = attention_implementation(self.attn_implementation).packed
         longest = max(rows.sequences.longest, keys.sequences.longest)
         if packed is not None and self._plain_softmax() and packed.takes(x, longest):
             return self._packed(packed, x, context, rows, keys, is_causal)

@@ -45,18 +45,18 @@ from attnkit.masks import causal_mask, combine, window_mask
 from attnkit.position import ALiBi
 
 __all__ = [
+    "ATTENTION",
     "BACKENDS",
-    "FUSED",
-    "PACKED",
+    "AttentionImplementation",
     "LinearAttentionState",
     "PackedAttention",
     "attend",
+    "attention_implementation",
     "feature_map",
     "full_attention",
-    "fused_names",
     "linear_attention",
     "linear_attention_weights",
-    "register_fused",
+    "register_attention",
     "sliding_window_attention",
     "window_attention",
 ]
@@ -66,19 +66,11 @@ __all__ = [
 # Full attention: the math path and the fused path side by side
 # --------------------------------------------------------------------------------------------
 
-# The fused path's kernels by name, as Hugging Face's attention registry keeps them: "sdpa" is
-# torch's F.scaled_dot_product_attention (the default); another is registered by whoever
-# provides it (attnkit.accel registers "attnkit", its C kernel) and chosen per attention layer
-# (``MultiHeadAttention.attn_implementation``). Each takes F.scaled_dot_product_attention's
-# arguments and, unlike torch's, a mask together with is_causal (bottom-right aligned), and
-# falls back to torch itself for the inputs it does not take.
-FUSED: dict[str, Callable] = {}
-
 
 class PackedAttention(NamedTuple):
-    """A fused kernel's variable-length form (FlashAttention's varlen API): softmax attention
-    with scale 1/sqrt(d) within each of B sequences packed into rows (``varlen.Sequences``),
-    H query and H key/value heads, no dropout.
+    """An implementation's variable-length form (FlashAttention's varlen API): softmax
+    attention with scale 1/sqrt(d) within each of B sequences packed into rows
+    (``varlen.Sequences``), H query and H key/value heads, no dropout.
 
     - ``takes(x, longest)``: whether it takes rows like x (their dtype, device, size) in
       sequences of at most ``longest``;
@@ -92,39 +84,60 @@ class PackedAttention(NamedTuple):
     attention: Callable
 
 
-# The fused kernels that also take packed rows, by the same names (torch's "sdpa" does not).
-PACKED: dict[str, PackedAttention] = {}
+class AttentionImplementation(NamedTuple):
+    """One way to compute softmax attention, as Hugging Face's ``attn_implementation`` names
+    them: ``fused`` takes ``F.scaled_dot_product_attention``'s arguments and, unlike torch's, a
+    mask together with ``is_causal`` (bottom-right aligned), handing torch what it does not
+    take itself (None: the explicit math path); ``packed`` is its variable-length form, if any."""
+
+    fused: Callable | None
+    packed: PackedAttention | None = None
 
 
-def register_fused(name: str, function: Callable, packed: PackedAttention | None = None) -> None:
-    """Make ``function`` the fused kernel called ``name`` (see ``FUSED``), and ``packed`` its
-    variable-length form (``PACKED``), if it has one."""
-    if not isinstance(name, str) or not name or name == "sdpa":
-        raise ValueError(f"register_fused: name must be a new non-empty name, got {name!r}")
-    FUSED[name] = function
-    if packed is not None:
-        PACKED[name] = packed
+# The one registry of attention implementations, by name: "math" (the explicit path, which
+# also gives weights), "sdpa" (torch's fused kernel, the default) and whatever a speed lever
+# registers ("attnkit", its C kernel with its packed form, when attnkit.accel is imported). A
+# model chooses one in its config (``ModelConfig.attn_implementation``).
+ATTENTION: dict[str, AttentionImplementation] = {}
 
 
-def fused_names() -> tuple[str, ...]:
-    """Every fused kernel's name, torch's ``"sdpa"`` first."""
-    return ("sdpa", *FUSED)
+def register_attention(
+    name: str, fused: Callable | None, packed: PackedAttention | None = None
+) -> None:
+    """Register an attention implementation called ``name`` (see :data:`ATTENTION`)."""
+    if not isinstance(name, str) or not name or name in ("math", "sdpa"):
+        raise ValueError(f"register_attention: name must be a new non-empty name, got {name!r}")
+    ATTENTION[name] = AttentionImplementation(fused, packed)
+
+
+def attention_implementation(name: str) -> AttentionImplementation:
+    """The registered implementation ``name``; a ValueError names the known ones."""
+    if name not in ATTENTION:
+        raise ValueError(
+            f"attn_implementation must be one of {sorted(ATTENTION)}, got {name!r} (a speed "
+            "lever registers its own when imported: import attnkit.accel for 'attnkit')"
+        )
+    return ATTENTION[name]
 
 
 def attend(q, k, v, mask=None, is_causal=False, dropout_p=0.0, return_weights=False, scale=None,
            implementation="auto", fused="sdpa"):  # fmt: skip
     """``softmax(q k^T * scale + mask) v`` for checked inputs; (out, weights or None).
 
-    The math path runs when weights are asked for (or ``implementation="math"``), the fused
-    kernel ``fused`` otherwise (torch's ``"sdpa"``, or one of ``FUSED``). A query with nothing
-    to attend to gets a zero output, never NaN.
+    The math path runs when weights are asked for (or ``implementation="math"``), the
+    registered implementation ``fused`` otherwise (:data:`ATTENTION`: torch's ``"sdpa"`` by
+    default). A query with nothing to attend to gets a zero output, never NaN.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
-    if implementation == "math" or (implementation == "auto" and return_weights):
+    kernel = ATTENTION[fused].fused
+    if implementation == "math" or (implementation == "auto" and (return_weights or not kernel)):
         return _math(q, k, v, mask, is_causal, dropout_p, scale)
-    return _fused(q, k, v, mask, is_causal, dropout_p, scale, fused), None
+    gqa = {"enable_gqa": True} if k.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
+    return kernel(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
+    ), None
 
 
 def _with_causal(mask: Tensor | None, is_causal: bool, n: int, m: int, like: Tensor):
@@ -180,23 +193,20 @@ def _grouped(t: Tensor, q: Tensor) -> Tensor:
     return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
 
 
-def _fused(q, k, v, mask, is_causal, dropout_p, scale, fused="sdpa"):
-    """torch's fused kernel: no N x M score matrix when there is no explicit mask. Fewer K/V
-    heads than query heads (grouped-query attention) are read in place (``enable_gqa``), not
-    repeated."""
+def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """torch's fused kernel (``F.scaled_dot_product_attention``): no N x M score matrix when
+    there is no explicit mask; fewer K/V heads than query heads (grouped-query attention) read
+    in place (``enable_gqa``), not repeated. A mask and ``is_causal`` together, or a causal
+    mask over more keys than queries, become one bottom-right aligned mask (torch takes one or
+    the other, and aligns its own causal mask top-left)."""
     n, m = q.shape[-2], k.shape[-2]
-    gqa = {"enable_gqa": True} if k.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
-    if fused != "sdpa" and q.device.type == "cpu":  # the layer's kernel takes both masks
-        return FUSED[fused](
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
-        )
-    if is_causal and mask is None and n == m:  # torch builds the (square) causal mask
+    if is_causal and attn_mask is None and n == m:  # torch builds the (square) causal mask
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, **gqa
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=enable_gqa
         )
-    mask = _with_causal(mask, is_causal, n, m, q)
+    mask = _with_causal(attn_mask, is_causal, n, m, q)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, **gqa
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
     )
     if q.device.type != "cpu" and mask is not None:
         # torch's CPU kernel already returns 0 for a row with nothing to attend to; other
@@ -205,6 +215,10 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, fused="sdpa"):
         # call, and break a compiled layer's graph in two.
         out = out.masked_fill(_blocked_rows(mask), 0.0)
     return out
+
+
+ATTENTION["math"] = AttentionImplementation(None)
+ATTENTION["sdpa"] = AttentionImplementation(sdpa)
 
 
 def full_attention(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,

@@ -78,6 +78,9 @@ class ModelConfig:
     n_experts: int = 0  # 0 = a dense FFN
     moe_top_k: int = 2
     label_smoothing: float = 0.0  # recorded for training (the paper: 0.1)
+    # softmax attention's implementation, a name of backends.ATTENTION ("sdpa", "math", or one a
+    # speed lever registers): the run's choice, not saved with the model (as Hugging Face's)
+    attn_implementation: str = "sdpa"
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
 
     def __post_init__(self) -> None:
@@ -201,7 +204,10 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as saved (``attn_implementation``, the run's choice, left out)."""
+        values = dataclasses.asdict(self)
+        del values["attn_implementation"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:

@@ -113,6 +113,7 @@ def _attention(cfg: ModelConfig, positional: bool = True, layer: int = 0) -> Mul
         window=window,
         d_head=cfg.head_dim,
         qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
+        attn_implementation=cfg.attn_implementation,
     )
 
 

@@ -18,12 +18,15 @@ path; without it the fused path runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from attnkit import checks, serialization
+from attnkit.attention import MultiHeadAttention
+from attnkit.backends import attention_implementation
 from attnkit.config import ModelConfig
 from attnkit.generation import generate
 from attnkit.layers import LMHead, MoEFeedForward, count_parameters
@@ -106,6 +109,17 @@ class _Model(nn.Module):
             if isinstance(m, MoEFeedForward) and m.aux_loss is not None
         ]
         return sum(losses) if losses else 0.0
+
+    def set_attn_implementation(self, name: str) -> nn.Module:
+        """Run softmax attention by the implementation ``name`` (``backends.ATTENTION``: torch's
+        ``"sdpa"``, ``"math"``, or one a speed lever registered) in every layer; the model's
+        config records it. Returns the model."""
+        attention_implementation(name)
+        self.cfg = dataclasses.replace(self.cfg, attn_implementation=name)
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.attn_implementation = name
+        return self
 
     def save_pretrained(self, directory, *, tokenizer=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically;

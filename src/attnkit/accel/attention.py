@@ -2,19 +2,20 @@
 
     out = softmax(q k^T * scale + mask) v            (per batch and head)
 
-:func:`attention` is registered as the fused kernel ``"attnkit"`` of ``backends.FUSED``, and
-:func:`use_attention_kernel` (which ``accel.prepare(model, "training")`` calls) makes every
-attention layer of a model choose it. It takes the calls whose inputs need a gradient when it
-can: CPU float32 or bfloat16 tensors of shape (B, H, N, d) and (B, H, M, d), no dropout, as many
-key and value heads as query heads, no mask or a boolean key-padding mask of shape (B, 1, 1, M),
-with or without the causal flag (a decoder's self-attention has both, handed over unmerged).
-Everything else goes to torch as usual. The kernel is called as registered torch operators
+:func:`attention` is registered as the attention implementation ``"attnkit"`` of
+``backends.ATTENTION``, and :func:`use_attention_kernel` (which ``accel.prepare(model,
+"training")`` calls) makes a model choose it (``set_attn_implementation``). It takes the
+calls whose inputs need a gradient when it can: CPU float32 or bfloat16 tensors of shape
+(B, H, N, d) and (B, H, M, d), no dropout, as many key and value heads as query heads, no mask
+or a boolean key-padding mask of shape (B, 1, 1, M), with or without the causal flag (a
+decoder's self-attention has both, handed over unmerged). Everything else goes to torch as
+usual. The kernel is called as registered torch operators
 (``torch.library.custom_op``: ``attnkit::attention``, ``attnkit::packed_attention``,
 ``attnkit::packed_self_attention`` and their backwards), so that autograd runs their registered
 gradients and a graph that ``torch.compile`` builds for training (``accel.compiled_layers``)
 holds one opaque call per attention. Its variable-length form (:func:`packed_attention`,
 :func:`packed_self_attention`: the real rows of a padded batch, sequence after sequence,
-``attnkit.varlen``) is registered under the same name in ``backends.PACKED``, where
+``attnkit.varlen``) is registered with it as its packed form, where
 ``MultiHeadAttention`` finds it when called with ``rows=``.
 
 Why: at lm-small's shapes (d = 32, 256 positions) torch's CPU flash attention runs near 40
@@ -34,7 +35,6 @@ the products that take them, as FlashAttention's bf16 kernels do (``attention_ti
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.profiler import record_function
 
@@ -414,19 +414,11 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         if valid is not False:
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
             return _attention_op(q, k, v, valid, bool(is_causal), scale)[0]
-    if is_causal and (attn_mask is not None or q.shape[-2] != k.shape[-2]):
-        # torch takes a mask or is_causal, not both, and aligns its causal mask top-left (a
-        # cached step's one query would see key 0 alone): one bottom-right aligned mask
-        attn_mask = backends._with_causal(attn_mask, True, q.shape[-2], k.shape[-2], q)
-        is_causal = False
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa,
-    )  # fmt: skip
+    return backends.sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-FUSED_NAME = "attnkit"  # the kernel's name in backends.FUSED (and PACKED)
-backends.register_fused(
+FUSED_NAME = "attnkit"  # the kernel's name in backends.ATTENTION
+backends.register_attention(
     FUSED_NAME,
     attention,
     backends.PackedAttention(takes_packed, packed_self_attention, packed_attention),
@@ -437,7 +429,10 @@ def use_attention_kernel(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Every attention layer of ``model`` runs its fused path by :func:`attention` (``enabled``)
     or by torch's SDPA again; returns the model. The kernel takes what it can (see the module
     docstring: a training step's CPU float32 or bf16 heads) and hands the rest to torch."""
+    name = FUSED_NAME if enabled else "sdpa"
+    if hasattr(model, "set_attn_implementation"):  # an attnkit model: its config records it
+        return model.set_attn_implementation(name)
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
-            module.attn_implementation = FUSED_NAME if enabled else "sdpa"
+            module.attn_implementation = name
     return model
