@@ -115,7 +115,7 @@ def test_every_variant_this_cpu_runs_agrees_with_the_dequantized_product(variant
         blocks = random_blocks(kind, 40, 512, seed=3)
         weight = dequantize(blocks, kind).reshape(40, 512)
         out = torch.empty(40, 512)
-        code = packed._KIND_CODES[kind]
+        code = packed.KIND_CODES[kind]
         assert kernel.packed_dequantize(code, blocks.data_ptr(), out.data_ptr(), 40, 512, 2) == 0
         assert torch.equal(out, weight)
         for rows in (1, 5):

@@ -9,7 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.accel import native, packed
-from attnkit.accel.packed import PackedLinear, dequantize, int8_path, use_integer_products
+from attnkit.accel.packed import (
+    IntegerPackedLinear,
+    PackedLinear,
+    dequantize,
+    int8_path,
+    use_integer_products,
+)
 from test_packed import KINDS, random_blocks
 
 VARIANTS = [v for v in native.VARIANTS if native.runnable(v)]
@@ -54,7 +60,7 @@ def test_every_variant_this_cpu_runs_computes_the_integer_product(variant):
     for kind in KINDS:
         blocks = random_blocks(kind, 48, 512, seed=5)
         weight = dequantize(blocks, kind).reshape(48, 512)
-        code = packed._KIND_CODES[kind]
+        code = packed.KIND_CODES[kind]
         tiles = torch.empty(48, 512 // 32 * packed.TILE_BYTES[kind], dtype=torch.uint8)
         assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), 48, 512, 2) == 0
         for rows in (1, 5, packed.MAX_ROWS):
@@ -76,7 +82,7 @@ def integer_product(variant, kind, blocks, x, n):
     tiles = torch.empty(
         -(-n // height) * height, 512 // 32 * packed.TILE_BYTES[kind], dtype=torch.uint8
     )
-    code = packed._KIND_CODES[kind]
+    code = packed.KIND_CODES[kind]
     assert kernel.packed_tile(code, blocks.data_ptr(), tiles.data_ptr(), n, 512, 2) == 0
     y = torch.empty(len(x), n)
     status = kernel.packed_matmul_tiles(
@@ -106,7 +112,7 @@ def test_a_packed_linear_on_the_integer_path(kind):
     cols = 512
     blocks = random_blocks(kind, 64, cols, seed=7)
     weight = dequantize(blocks, kind).reshape(64, cols)
-    layer = PackedLinear(blocks, kind, cols, integer=True)
+    layer = IntegerPackedLinear(blocks, kind, cols)
     assert "int8 activations" in repr(layer)
     assert layer.tiles is not None  # tiles of 16 or 8 rows
     assert "tiles" not in layer.state_dict()  # rebuilt from the blocks, never saved
@@ -118,18 +124,19 @@ def test_a_packed_linear_on_the_integer_path(kind):
     check(got, x, weight, kind)
     assert torch.equal(got, alone)
     check(prompt, torch.cat([x, x]), weight, (kind, "prompt"))
-    odd = PackedLinear(blocks[:41].contiguous(), kind, cols, integer=True)  # a partial tile
+    odd = IntegerPackedLinear(blocks[:41].contiguous(), kind, cols)  # a partial tile
     assert odd.integer
     with torch.no_grad():
         assert torch.equal(odd(x), got[:, :41])  # the padding rows change nothing
-    layer.set_integer(False)
-    assert layer.tiles is None and not layer.integer
+    model = use_integer_products(torch.nn.Sequential(layer), False)  # swapped back
+    assert type(model[0]) is PackedLinear and model[0].blocks is layer.blocks
+    assert not model[0].integer and "tiles" not in dict(model[0].named_buffers())
 
 
 def test_the_integer_error_is_the_rounding_of_x():
     """On Gaussian activations against Q4_1 weights, the integer path's relative error is
     about what 8-bit rounding of x gives (max |x| / 254 per block), far below the weights' own
-    4-bit error; and use_integer_products switches every packed layer of a model."""
+    4-bit error; and use_integer_products swaps every packed layer of a model."""
     blocks = random_blocks("Q4_1", 256, 1024, seed=11)
     weight = dequantize(blocks, "Q4_1").reshape(256, 1024)[16:]  # past the extreme scales
     layer = PackedLinear(blocks[16:].contiguous(), "Q4_1", 1024)  # 240 rows: whole tiles
@@ -137,9 +144,9 @@ def test_the_integer_error_is_the_rounding_of_x():
     exact = F.linear(x.double(), weight.double())
     with torch.no_grad():
         floats = layer(x)
-        model = torch.nn.Sequential(layer)
-        assert use_integer_products(model) == 1 and layer.integer
-        integers = layer(x)
+        model = use_integer_products(torch.nn.Sequential(layer))
+        assert type(model[0]) is IntegerPackedLinear and model[0].blocks is layer.blocks
+        integers = model[0](x)
     error = float((integers.double() - exact).norm() / exact.norm())
     print(f"\nint8 activations ({int8_path()}): relative error {error:.2e}")
     assert float((floats.double() - exact).norm() / exact.norm()) < 1e-6

@@ -13,9 +13,10 @@ each block once and uses it for every row::
                                      repack_q5_k)
     block b's share of y[n] = d_b (q_b . x_b) + m_b sum(x_b)
 
-**The integer path** (``integer=True``, chosen by :func:`use_integer_products`): as llama.cpp
-does, x is first quantized per block of 32 to int8 with a float scale, and each block's share
-is an integer dot product (AVX-512 VNNI, AVX-VNNI or AVX2, by the variant loaded)::
+**The integer path** (:class:`IntegerPackedLinear`, swapped in by
+:func:`use_integer_products`): as llama.cpp does, x is first quantized per block of 32 to int8
+with a float scale, and each block's share is an integer dot product (AVX-512 VNNI, AVX-VNNI
+or AVX2, by the variant loaded)::
 
     block b's share of y[n] = d_b dx_b (q_b . qx_b) + m_b dx_b sum(qx_b)
 
@@ -24,8 +25,8 @@ The blocks are then repacked once into tiles of 16 rows (8 without AVX-512 VNNI;
 same 4 bytes of x and no block ends in a horizontal sum: on the Xeon the project was measured
 on, 4-6x the float path's speed for one row. Only x's rounding to 8 bits differs from the float
 path (``docs/GGUF.md`` measures what it
-costs in perplexity). ``accel.prepare(model, "decoding")`` turns it on where it measures faster
-on the model's own layers.
+costs in perplexity). ``accel.prepare(model, "decoding")`` turns it on by its rule: wherever the
+kernels are built.
 
 Under ``torch.compile`` the kernel is an operator, ``torch.ops.attnkit.packed_linear``
 (:func:`register_operator`), which stays one call inside a compiled step.
@@ -56,10 +57,12 @@ from attnkit.accel.block_formats import (
 )
 from attnkit.accel.memory import release_file_pages
 from attnkit.accel.onednn import linear
+from attnkit.accel.swap import swap_modules
 
 __all__ = [
     "BLOCK_BYTES",
     "MAX_ROWS",
+    "IntegerPackedLinear",
     "PackedEmbedding",
     "PackedLinear",
     "check_tile_layout",
@@ -80,7 +83,7 @@ KIND_CODES = {k: native.kinds()[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6
 TILE_CODES = {kind: native.kinds()["TILE_BASE"] + code for kind, code in KIND_CODES.items()}
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
-_changes = 0  # how many times a PackedLinear took or left its tiles (tiles_changed())
+_changes = 0  # how many times packed layers were swapped for the other path (tiles_changed())
 DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 
 
@@ -135,9 +138,10 @@ class PackedLinear(nn.Module):
     ``blocks``: uint8 (out_features, in_features / 32 * block bytes), a buffer (saved with the
     model's state); ``bias`` (out_features,) float32, optional. Rows without a gradient go
     through the packed kernel, ``MAX_ROWS`` at a time (a row's result does not depend on the
-    others), with float32 activations, or with ``integer`` True int8 activations through
-    tiles; anything else through a GEMM on the dequantized weight.
+    others), with float32 activations; anything else through a GEMM on the dequantized weight.
     """
+
+    integer = False  # float32 activations (IntegerPackedLinear: int8)
 
     @property
     def block_format(self) -> str:
@@ -145,16 +149,10 @@ class PackedLinear(nn.Module):
         return self.kind
 
     def __init__(
-        self,
-        blocks: Tensor,
-        kind: str,
-        in_features: int,
-        *,
-        bias: Tensor | None = None,
-        integer: bool = False,
+        self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
     ) -> None:
         super().__init__()
-        _check_blocks("PackedLinear", blocks, kind, in_features)
+        _check_blocks(type(self).__name__, blocks, kind, in_features)
         if bias is not None and (bias.dim() != 1 or len(bias) != blocks.shape[0]):
             raise ValueError(
                 f"PackedLinear: bias must have shape ({blocks.shape[0]},), got {tuple(bias.shape)}"
@@ -162,30 +160,6 @@ class PackedLinear(nn.Module):
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())
         self.register_buffer("bias", bias)
-        self.register_buffer("tiles", None, persistent=False)
-        self.tile_layout: int | None = None  # the kernels' packed_tile_layout() that made tiles
-        self.set_integer(integer)
-
-    @property
-    def integer(self) -> bool:
-        """Whether products take the integer path: whether the blocks are held as tiles."""
-        return self.tiles is not None
-
-    def set_integer(self, enabled: bool) -> None:
-        """Take the integer path (``enabled``) or the float32 one. The integer path reads the
-        blocks repacked into tiles (once; ``tiles``, not saved with the model); without kernels
-        the layer stays on the float32 path. Blocks that are a view of a
-        memory-mapped file (``load_gguf``'s) leave the resident set as they are tiled
-        (``accel.memory.release_file_pages``): the file's pages are read again only if the
-        float32 path or a lookup of a tied table needs them."""
-        global _changes
-        if not enabled and self.tiles is not None:
-            self.tiles, self.tile_layout = None, None
-            _changes += 1
-        elif enabled and self.tiles is None:
-            self.tiles = _tiled(self.blocks, self.kind, self.in_features, release=True)
-            self.tile_layout = None if self.tiles is None else packed_kernel().packed_tile_layout()
-            _changes += 1
 
     def extra_repr(self) -> str:
         integer = ", int8 activations" if self.integer else ""
@@ -205,6 +179,9 @@ class PackedLinear(nn.Module):
             parts.append(linear(x, _dequantized(rows, self.kind, self.in_features).to(x.dtype)))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
+    def _packed(self, x: Tensor, product) -> Tensor:
+        return product(x, self.blocks, KIND_CODES[self.kind], self.out_features)
+
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one call in the compiled graph
             usable, product = _operator is not None, _operator
@@ -212,17 +189,39 @@ class PackedLinear(nn.Module):
             usable, product = packed_kernel() is not None, _packed_product
         if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
             y = self._dequantized_product(x)
-        elif self.tiles is not None:
-            check_tile_layout(self)
-            y = product(x, self.tiles, TILE_CODES[self.kind], self.out_features)
         else:
-            y = product(x, self.blocks, KIND_CODES[self.kind], self.out_features)
+            y = self._packed(x, product)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
+class IntegerPackedLinear(PackedLinear):
+    """A :class:`PackedLinear` on the integer path: the same blocks, repacked once into tiles
+    (``tiles``, not saved with the model; needs the kernels), multiplied with x rounded to int8
+    per block of 32. Blocks that are a view of a memory-mapped file (``load_gguf``'s) leave the
+    resident set as they are tiled (``accel.memory.release_file_pages``): the file's pages are
+    read again only if the float32 path or a lookup of a tied table needs them.
+    :func:`use_integer_products` swaps these in and out."""
+
+    integer = True
+
+    def __init__(
+        self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
+    ) -> None:
+        super().__init__(blocks, kind, in_features, bias=bias)
+        if packed_kernel() is None:
+            raise RuntimeError("IntegerPackedLinear: the integer path needs the native kernels")
+        tiles = _tiled(self.blocks, kind, in_features, release=True)
+        self.register_buffer("tiles", tiles, persistent=False)
+        self.tile_layout = packed_kernel().packed_tile_layout()  # the layout that made them
+
+    def _packed(self, x: Tensor, product) -> Tensor:
+        check_tile_layout(self)
+        return product(x, self.tiles, TILE_CODES[self.kind], self.out_features)
+
+
 def tiles_changed() -> int:
-    """A count that grows whenever a PackedLinear takes or leaves the integer path: what reads
-    the tiles' addresses (``PackedStack``) knows from it when to read them again."""
+    """A count that grows whenever packed layers are swapped onto or off the integer path: what
+    reads the tiles' addresses (``PackedStack``) knows from it when to read them again."""
     return _changes
 
 
@@ -364,12 +363,21 @@ def register_operator():
 # --------------------------------------------------------------------------------------------
 
 
-def use_integer_products(model: nn.Module, enabled: bool = True) -> int:
-    """Set every :class:`PackedLinear` of ``model`` to the integer path (``enabled``) or the
-    float32 one; returns how many were set. (``accel.prepare`` calls it with its choice.)"""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, PackedLinear):
-            module.set_integer(enabled)
-            count += 1
-    return count
+def use_integer_products(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """A module swap: every :class:`PackedLinear` of ``model`` becomes an
+    :class:`IntegerPackedLinear` over the same blocks (``enabled``; the kernels are needed), or
+    every IntegerPackedLinear a PackedLinear again; returns the model. (``accel.prepare``
+    calls it with its rule's choice.)"""
+    global _changes
+    if enabled and packed_kernel() is None:
+        raise RuntimeError("use_integer_products: the integer path needs the native kernels")
+    cls = IntegerPackedLinear if enabled else PackedLinear
+
+    def swap(module: nn.Module) -> nn.Module | None:
+        if not isinstance(module, PackedLinear) or type(module) is cls:
+            return None
+        return cls(module.blocks, module.kind, module.in_features, bias=module.bias)
+
+    swapped = swap_modules(model, swap)
+    _changes += 1
+    return swapped

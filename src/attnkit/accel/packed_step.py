@@ -147,7 +147,7 @@ def _weights(product: nn.Module) -> Tensor | None:
     """What the C call reads of a product: a packed one's tiles (integer path) or blocks, a
     float32 linear layer's weight storage; None for anything else."""
     if isinstance(product, PackedLinear):
-        return product.blocks if product.tiles is None else product.tiles
+        return product.tiles if product.integer else product.blocks
     if type(product) is nn.Linear and product.bias is None:
         w = product.weight
         if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2:
@@ -160,7 +160,7 @@ def _weights(product: nn.Module) -> Tensor | None:
 
 def _code(product: nn.Module) -> int:
     if isinstance(product, PackedLinear):
-        if product.tiles is None:
+        if not product.integer:
             return KIND_CODES[product.kind]
         check_tile_layout(product)
         return TILE_CODES[product.kind]

@@ -195,7 +195,7 @@ def prepare(model: nn.Module, job: str, *, exact: bool = False, compile: bool = 
     if job == "decoding":
         found = _decoding_levers(model, exact, compile)
         on = {lever.name: lever.on for lever in found}
-        use_integer_products(model, bool(on["int8-products"]))
+        model = use_integer_products(model, bool(on["int8-products"]))
         if on["decoding-layout"]:
             lay_out_for_decoding(model)
         if on["packed-step"]:
