@@ -51,7 +51,9 @@ def training_levers(model, *, unpadded: bool = True):
     """Every lever of a training step, each by its public call, whatever the rules of this CPU
     choose (``accel.prepare`` follows them): the fused loss, the unpadded stacks, oneDNN's
     products (each call then takes oneDNN or MKL as ``accel.onednn_linear`` says) and the
-    attention kernel. A benchmark compares them on and off."""
+    attention kernel. A benchmark compares them on and off. The switches' environment
+    variables are read here, as ``accel.prepare`` reads them."""
+    accel.levers("training")
     model = accel.fuse_lm_loss(model)
     if unpadded:
         model = accel.unpad_stacks(model)

@@ -114,3 +114,19 @@ def test_a_packed_model_prepared_for_decoding_answers_as_the_plain_one(on, seed)
         prepared = accel.prepare(copy.deepcopy(plain), "decoding", exact=True).model
         assert (type(prepared.decoder) is accel.PackedStack) == on["packed-step"]
         same("decoder-only", answers(prepared, "decoder-only", ids, mask), want)
+
+
+def test_the_switches_environment_is_read_when_the_levers_are_reported(monkeypatch):
+    # One place reads the environment (accel.levers, accel.prepare): setting a variable
+    # changes nothing until then, and a with block holds its own value against it.
+    from attnkit.accel.switch import switch
+
+    monkeypatch.setenv("ATTNKIT_UNPAD", "0")
+    assert switch("ATTNKIT_UNPAD").on  # not read yet
+    line = ", ".join(str(lever) for lever in accel.levers("training"))
+    assert "unpadded off (ATTNKIT_UNPAD=0)" in line and not switch("ATTNKIT_UNPAD").on
+    with accel.unpadding(True):
+        accel.levers("training")
+        assert switch("ATTNKIT_UNPAD").on
+    monkeypatch.delenv("ATTNKIT_UNPAD")
+    assert "unpadded on" in ", ".join(str(lever) for lever in accel.levers("training"))

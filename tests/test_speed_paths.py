@@ -145,44 +145,18 @@ def test_the_rule_is_this_cpus_vendor_read_at_import():
     assert onednn._RULE == (native.cpu()["vendor"] in ("AuthenticAMD",))
 
 
-@needs_onednn
-@pytest.mark.parametrize("where", ["inference_mode", "autocast", "no_grad"])
-def test_measure_times_both_gemms_from_inside_any_mode(where):
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("1", True), ("auto", None), (None, None)])
+def test_the_environment_forces_onednn_off_or_on_or_leaves_it_to_the_rule(monkeypatch, value, on):
+    # Read when the levers are reported (accel.levers, accel.prepare), not at import.
     import attnkit.accel.onednn as onednn
 
-    mode = {
-        "inference_mode": torch.inference_mode(),
-        "autocast": torch.autocast("cpu", dtype=torch.bfloat16),
-        "no_grad": torch.no_grad(),
-    }[where]
-    with mode:
-        got = onednn.measure(rows=16, width=8, hidden=24, rounds=2)
-    assert 0 < got["mkl"] < 1 and 0 < got["onednn"] < 1
-    assert got["faster"] == (got["onednn"] < onednn._MARGIN * got["mkl"])
-
-
-def test_the_environment_forces_onednn_off_or_on_or_leaves_it_to_the_rule():
-    # The switch is read when the module is imported: one fresh process imports it under each
-    # value in turn (a reload stands for a new process there; this one is left alone).
-    import os
-    import subprocess
-    import sys
-
-    code = """if True:
-        import importlib, os, sys
-        import attnkit.accel.onednn as o
-        for value in sys.argv[1:]:
-            os.environ.pop("ATTNKIT_ONEDNN_LINEAR", None)
-            if value != "unset":
-                os.environ["ATTNKIT_ONEDNN_LINEAR"] = value
-            print(importlib.reload(o)._switch.on)
-    """
-    env = {k: v for k, v in os.environ.items() if k != "ATTNKIT_ONEDNN_LINEAR"}
-    values = {"0": False, "1": True, "auto": None, "unset": None}
-    out = subprocess.run(
-        [sys.executable, "-c", code, *values], env=env, capture_output=True, text=True
-    )
-    assert out.stdout.split() == [str(on) for on in values.values()], out.stderr
+    monkeypatch.delenv("ATTNKIT_ONEDNN_LINEAR", raising=False)
+    if value is not None:
+        monkeypatch.setenv("ATTNKIT_ONEDNN_LINEAR", value)
+    accel.levers("training")
+    assert onednn._switch.on is on
+    monkeypatch.delenv("ATTNKIT_ONEDNN_LINEAR", raising=False)
+    accel.levers("training")
 
 
 @needs_onednn
@@ -405,15 +379,6 @@ def test_the_choice_is_described_in_one_line(monkeypatch, value, name):
     monkeypatch.setattr(onednn._switch, "on", value == "1")
     want = f"float32 products: {name} (ATTNKIT_ONEDNN_LINEAR={value})"
     assert onednn.describe_choice() == want
-
-
-@needs_onednn
-def test_a_benchmarks_choice_is_described_with_its_times():
-    import attnkit.accel.onednn as onednn
-
-    saved = {"on": True, "by": "rule", "mkl": 0.02, "onednn": 0.01}  # a benchmark's record
-    line = onednn.describe_choice(saved)
-    assert line == "float32 products: oneDNN (rule; one layer: MKL 20.0 ms, oneDNN 10.0 ms)"
 
 
 def test_prepare_for_decoding_lays_weights_out_once_and_saving_still_works(tmp_path):

@@ -18,7 +18,7 @@ AMD processors, whose float32 products MKL sends down slower code paths (one lm-
 Intel Xeons measured: bench/history/). Every process on the same kind of CPU (a resumed run,
 the ranks of a distributed one) makes the same choice; :func:`onednn_choice` says what it is
 and why (:func:`describe_choice` in one line, which ``attnkit train`` prints for a float32
-run), and :func:`measure` times both for the benchmarks.
+run).
 
 Each product is the registered torch operator ``attnkit::onednn_mm`` with its gradients
 (:func:`onednn_mm`): autograd runs its registered backward, and inside a graph that
@@ -28,8 +28,6 @@ inference graph (``accel.compiled_steps``) sees ordinary linears instead.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from functools import cache
 
@@ -46,7 +44,6 @@ __all__ = [
     "bf16_products_fast",
     "describe_choice",
     "linear",
-    "measure",
     "mm_t",
     "onednn_choice",
     "onednn_linear",
@@ -59,11 +56,7 @@ __all__ = [
 # Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
 # its matrix-vector kernel beats oneDNN's per-call set-up.
 _MIN_ROWS = 8
-_switch = Switch("ATTNKIT_ONEDNN_LINEAR")
-if os.environ.get(_switch.env, "auto") not in ("0", "1"):
-    _switch.on = None  # neither forced on nor off: the rule chooses (_enabled)
-# measure(): oneDNN beat MKL by at least this much to count as faster
-_MARGIN = 0.97
+_switch = Switch("ATTNKIT_ONEDNN_LINEAR", default=None)  # None: the rule chooses (_enabled)
 # the rule: the processors whose float32 products oneDNN takes by default; known at import,
 # so that a graph being compiled reads a constant
 ONEDNN_VENDORS = ("AuthenticAMD",)
@@ -97,35 +90,6 @@ def onednn_linear(enabled: bool):
     return _switch(enabled)
 
 
-def measure(rows: int = 1024, width: int = 256, hidden: int = 1024, rounds: int = 5) -> dict:
-    """Time one layer's products, forward and both gradients, up (``width`` -> ``hidden``)
-    and down, by torch's GEMM (MKL) and by oneDNN, in alternating rounds at the current thread
-    count (for the benchmarks: the default is a rule). Returns the fastest round of each in
-    seconds (``"mkl"``, ``"onednn"``) and ``"faster"``: whether oneDNN beat MKL by at least
-    3%."""
-    if not onednn_linear_available():
-        return {"mkl": None, "onednn": None, "faster": False}
-    paths = {"mkl": lambda x, w: x @ w.t(), "onednn": lambda x, w: onednn_mm(x, w, None)}
-    best = dict.fromkeys(paths, float("inf"))
-    # Gradients on whatever the caller has on (inference mode, no_grad, bf16 autocast).
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        gen = torch.Generator().manual_seed(0)
-        layers = [
-            (torch.randn(rows, n_in, generator=gen, requires_grad=True),
-             (torch.randn(n_out, n_in, generator=gen) * 0.05).requires_grad_(),
-             torch.randn(rows, n_out, generator=gen))
-            for n_in, n_out in ((width, hidden), (hidden, width))
-        ]  # fmt: skip
-        for round_ in range(rounds + 1):  # round 0 warms both up
-            for name, product in paths.items():
-                start = time.perf_counter()
-                for x, w, grad in layers:
-                    product(x, w).backward(grad)
-                if round_ > 0:
-                    best[name] = min(best[name], time.perf_counter() - start)
-    return {**best, "faster": best["onednn"] < _MARGIN * best["mkl"]}
-
-
 def onednn_choice() -> dict:
     """Whether oneDNN takes float32 products outside ``onednn_linear`` blocks (``"on"``) and
     why (``"by"``: the environment variable, or the rule and this CPU's vendor)."""
@@ -135,20 +99,13 @@ def onednn_choice() -> dict:
     return {"on": _RULE, "by": f"rule: oneDNN on AMD processors, MKL elsewhere; this is {vendor}"}
 
 
-def describe_choice(choice: dict | None = None) -> str:
+def describe_choice() -> str:
     """One line for a log: which GEMM takes float32 products here and why, e.g. "float32
-    products: MKL (rule: oneDNN on AMD processors, MKL elsewhere; this is GenuineIntel)".
-    ``choice`` is an :func:`onednn_choice` result (a benchmark's saved one, with the times it
-    measured where it has them); by default this process's."""
-    if choice is None and not onednn_linear_available():
+    products: MKL (rule: oneDNN on AMD processors, MKL elsewhere; this is GenuineIntel)"."""
+    if not onednn_linear_available():
         return "float32 products: MKL (this torch build has no oneDNN linear)"
-    choice = onednn_choice() if choice is None else choice
-    name = "oneDNN" if choice["on"] else "MKL"
-    if not choice.get("mkl"):
-        return f"float32 products: {name} ({choice['by']})"
-    mkl, onednn = choice["mkl"] * 1e3, choice["onednn"] * 1e3
-    times = f"one layer: MKL {mkl:.1f} ms, oneDNN {onednn:.1f} ms"
-    return f"float32 products: {name} ({choice['by']}; {times})"
+    choice = onednn_choice()
+    return f"float32 products: {'oneDNN' if choice['on'] else 'MKL'} ({choice['by']})"
 
 
 def _enabled() -> bool:

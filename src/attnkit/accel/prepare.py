@@ -47,7 +47,7 @@ from attnkit.accel.onednn import (
 )
 from attnkit.accel.packed import PackedLinear, int8_path, use_integer_products
 from attnkit.accel.packed_step import packed_stack
-from attnkit.accel.switch import switch
+from attnkit.accel.switch import read_environment, switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
 
@@ -170,6 +170,7 @@ def levers(job: str) -> list[Lever]:
     """The levers :func:`prepare` would turn on for ``job`` here, with no model in hand."""
     if job not in JOBS:
         raise ValueError(f"levers: job must be one of {JOBS}, got {job!r}")
+    read_environment()
     return _training_levers(None) if job == "training" else _decoding_levers(None)
 
 
@@ -192,6 +193,7 @@ def prepare(model: nn.Module, job: str, *, exact: bool = False, compile: bool = 
         raise TypeError(f"prepare: model must be an nn.Module, got {type(model).__name__}")
     if job not in JOBS:
         raise ValueError(f"prepare: job must be one of {JOBS}, got {job!r}")
+    read_environment()  # the switches' environment variables, read here (and in levers)
     if job == "decoding":
         found = _decoding_levers(model, exact, compile)
         on = {lever.name: lever.on for lever in found}

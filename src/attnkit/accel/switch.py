@@ -1,5 +1,11 @@
-"""An on/off switch for a lever: on by default, off with an environment variable or inside a
-``with`` block (benchmarks and tests compare both)."""
+"""An on/off switch for a lever: on by default (or, for a lever a rule chooses, None: "the
+rule"), set by its environment variable or inside a ``with`` block (benchmarks and tests
+compare both).
+
+The environment is read in one place, :func:`read_environment`, which ``accel.prepare`` and
+``accel.levers`` (so ``attnkit info`` and every run's header) call: a switch says what the
+environment asked as of the last report, and a ``with`` block overrides it inside the block.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Switch", "switch"]
+__all__ = ["Switch", "read_environment", "switch"]
 
 _SWITCHES: dict[str, Switch] = {}
 
@@ -19,22 +25,30 @@ def switch(env: str) -> Switch:
     return _SWITCHES[env]
 
 
-class Switch:
-    def __init__(self, env: str) -> None:
-        self.env = env
-        self.on = os.environ.get(env, "1") != "0"
-        _SWITCHES[env] = self
+def read_environment() -> None:
+    """Set every switch not held by a ``with`` block from its environment variable: ``0``
+    off, ``1`` on, anything else (or unset) its default."""
+    for each in _SWITCHES.values():
+        if not each.held:
+            value = os.environ.get(each.env, "")
+            each.on = {"0": False, "1": True}.get(value, each.default)
+            each.why_off = f"{each.env}=0" if value == "0" else "switched off"
 
-    @property
-    def why_off(self) -> str:
-        """Why the lever is off: its environment variable, or a ``with`` block."""
-        return f"{self.env}=0" if os.environ.get(self.env) == "0" else "switched off"
+
+class Switch:
+    def __init__(self, env: str, default: bool | None = True) -> None:
+        self.env, self.default = env, default
+        self.on: bool | None = default
+        self.why_off = "switched off"  # why the lever is off: its variable, or a with block
+        self.held = 0  # with blocks open on it
+        _SWITCHES[env] = self
 
     @contextmanager
     def __call__(self, enabled: bool) -> Iterator[None]:
         """Inside the block the lever is on (``enabled``) or off."""
-        before, self.on = self.on, bool(enabled)
+        before, self.on = (self.on, self.why_off), bool(enabled)
+        self.why_off, self.held = "switched off", self.held + 1
         try:
             yield
         finally:
-            self.on = before
+            (self.on, self.why_off), self.held = before, self.held - 1
