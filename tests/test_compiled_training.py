@@ -113,7 +113,7 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(family):
     # handles bool tensors element by element; accel.compiled_layers lets views recompute)
     masks = [shape for dtype, shape in saved if dtype == torch.bool and shape[-1] == cfg.d_ff]
     assert not masks, f"{family}: bool masks saved for the backward: {masks}"
-    assert all("forward" not in vars(layer) for layer in layers)  # and is plain again after
+    assert compiled_training.transformer_layers(model) == layers  # the plain layers are back
     assert torch.allclose(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
     assert compiled_grads.keys() == eager_grads.keys()
     for name, grad in eager_grads.items():
@@ -167,17 +167,27 @@ def test_compiled_runs_follow_eager_resume_exactly_and_ddp_follows_one_process(t
 
 
 def test_the_layers_are_compiled_only_inside_the_block_and_experts_stay_eager():
+    # Module swaps for the block: each layer runs as a CompiledLayer (torch.compile(layer)),
+    # the same one each time; its experts route eagerly; after the block, the plain modules.
     cfg = ak.ModelConfig(**SMALL, **{**LM_LAYERS, "n_experts": 2})
     model = ak.DecoderLM(cfg)
     layers = compiled_training.transformer_layers(model)
     experts = [layer.ffn for layer in layers]
-    with accel.compiled_layers(model):
-        assert all(vars(layer)["forward"] is compiled_training._COMPILED[layer] for layer in layers)
-        # routing by data (nonzero) runs eagerly between the compiled parts of a layer
-        assert all(vars(moe)["forward"]._torchdynamo_disable for moe in experts)
-    assert all("forward" not in vars(m) for m in layers + experts)
+    before = dict(model.state_dict())
+    for _ in range(2):
+        with accel.compiled_layers(model):
+            held = list(model.decoder.layers)
+            assert [type(m) for m in held] == [compiled_training.CompiledLayer] * len(layers)
+            assert [m.compiled._orig_mod for m in held] == layers
+            assert held == [compiled_training._COMPILED[layer] for layer in layers]
+            # routing by data (nonzero) runs eagerly between the compiled parts of a layer
+            assert all(type(layer.ffn) is compiled_training.EagerExperts for layer in layers)
+            assert [layer.ffn.experts for layer in layers] == [moe.experts for moe in experts]
+        assert list(model.decoder.layers) == layers
+        assert [layer.ffn for layer in layers] == experts
+        assert dict(model.state_dict()).keys() == before.keys()
     with accel.compiled_layers(model, False):
-        assert all("forward" not in vars(m) for m in layers + experts)
+        assert list(model.decoder.layers) == layers
 
 
 def test_compile_refusals(tmp_path, monkeypatch):

@@ -182,3 +182,8 @@ class RollingKVCache:
     def reorder(self, index: Tensor) -> None:
         for name in ("k", "v", "positions", "valid"):
             setattr(self, name, getattr(self, name).index_select(0, index))
+
+    def written(self, count: int) -> None:
+        """``count`` more positions were written in place into the ring's slots (``k``, ``v``,
+        ``positions``, ``valid``) by a fused forward, as :meth:`KVCache.written`."""
+        self.length += count

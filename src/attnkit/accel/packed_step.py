@@ -304,10 +304,7 @@ class PackedStack(Decoder):
             if b > 1:
                 out[:, start : start + t] = part
             for kv in cache.self_attn:
-                if isinstance(kv, KVCache):
-                    kv.written(t)  # the C call wrote these keys and values into the cache
-                else:
-                    kv.length += t  # ... and into the ring, with its slots' flags
+                kv.written(t)  # the C call wrote these keys and values (a ring: its flags)
         nothing = [None] * len(self.layers)
         return out, nothing, list(nothing)
 
