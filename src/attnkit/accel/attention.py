@@ -52,8 +52,11 @@ __all__ = [
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_SCRATCH = 1 << 22  # padded N x M per head (the backward keeps two): beyond, torch's kernel
-_switch = Switch("ATTNKIT_ATTENTION_KERNEL")
-_tiles = Switch("ATTNKIT_ATTENTION_TILES")
+# attention_kernel(False) holds the lever off inside a with block (ATTNKIT_ATTENTION_KERNEL=0: off)
+attention_kernel = _switch = Switch("ATTNKIT_ATTENTION_KERNEL")
+# attention_tiles(False): bf16 in float32 arithmetic inside a with block (the AMX tiles' products
+# off; ATTNKIT_ATTENTION_TILES=0: off)
+attention_tiles = _tiles = Switch("ATTNKIT_ATTENTION_TILES")
 
 
 _View, _Shape = native.structure("View"), native.structure("Shape")  # structs.h
@@ -62,19 +65,6 @@ _View, _Shape = native.structure("View"), native.structure("Shape")  # structs.h
 def kernel():
     """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
     return native.library()
-
-
-def attention_kernel(enabled: bool):
-    """Turn the kernel on or off inside a ``with`` block (tests and benchmarks compare both).
-    The default is on; ``ATTNKIT_ATTENTION_KERNEL=0`` turns it off."""
-    return _switch(enabled)
-
-
-def attention_tiles(enabled: bool):
-    """Turn the bfloat16 path's AMX tile products on or off inside a ``with`` block (where the
-    processor has no AMX, bfloat16 runs in float32 arithmetic either way). The default is on;
-    ``ATTNKIT_ATTENTION_TILES=0`` turns it off."""
-    return _tiles(enabled)
 
 
 def tiles_available() -> bool:

@@ -40,13 +40,8 @@ from attnkit.generation import DecodingSteps, lm_step, seq2seq_step
 __all__ = ["autotuning", "compiled_step", "compiled_steps", "frozen_weights"]
 
 _COMPILED: dict[tuple[Callable, str, bool], Callable] = {}
-_autotune = Switch("ATTNKIT_AUTOTUNE")
-
-
-def autotuning(enabled: bool):
-    """Inside the block, CPU steps compiled from then on use ``max_autotune`` (``enabled``) or
-    not; steps already compiled keep what they were made with."""
-    return _autotune(enabled)
+# autotuning(False) holds the lever off inside a with block (ATTNKIT_AUTOTUNE=0: off)
+autotuning = _autotune = Switch("ATTNKIT_AUTOTUNE")
 
 
 def _guard_filter(entries) -> list[bool]:

@@ -19,13 +19,8 @@ from attnkit.accel.switch import Switch
 
 __all__ = ["decoding_layouts", "lay_out_for_decoding"]
 
-_switch = Switch("ATTNKIT_DECODING_LAYOUT")
-
-
-def decoding_layouts(enabled: bool):
-    """Turn :func:`lay_out_for_decoding` on or off inside a ``with`` block (benchmarks and
-    tests compare both). The default is on; ``ATTNKIT_DECODING_LAYOUT=0`` turns it off."""
-    return _switch(enabled)
+# decoding_layouts(False) holds the lever off inside a with block (ATTNKIT_DECODING_LAYOUT=0: off)
+decoding_layouts = _switch = Switch("ATTNKIT_DECODING_LAYOUT")
 
 
 def lay_out_for_decoding(module: nn.Module) -> nn.Module:

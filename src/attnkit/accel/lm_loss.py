@@ -37,7 +37,8 @@ from attnkit.layers import LMHead
 __all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy", "loss_kernels", "row_kernel"]
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-_switch = Switch("ATTNKIT_LOSS_KERNEL")
+# loss_kernels(False) holds the lever off inside a with block (ATTNKIT_LOSS_KERNEL=0: off)
+loss_kernels = _switch = Switch("ATTNKIT_LOSS_KERNEL")
 
 
 @cache
@@ -68,12 +69,6 @@ def _chunk_rows(vocab_size: int) -> int:
 def row_kernel():
     """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
     return native.library()
-
-
-def loss_kernels(enabled: bool):
-    """Turn the C row kernel on or off inside a ``with`` block (tests and benchmarks compare
-    both). The default is on; ``ATTNKIT_LOSS_KERNEL=0`` turns it off."""
-    return _switch(enabled)
 
 
 def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_mean) -> bool:

@@ -56,7 +56,9 @@ __all__ = [
 # Rows below which a product stays with torch's own GEMM: for a single row (a decoding step)
 # its matrix-vector kernel beats oneDNN's per-call set-up.
 _MIN_ROWS = 8
-_switch = Switch("ATTNKIT_ONEDNN_LINEAR", default=None)  # None: the rule chooses (_enabled)
+# onednn_linear(False / True) forces the lever inside a with block (ATTNKIT_ONEDNN_LINEAR=0 /
+# =1 outside it; neither: None, the rule chooses, _enabled)
+onednn_linear = _switch = Switch("ATTNKIT_ONEDNN_LINEAR", default=None)
 # the rule: the processors whose float32 products oneDNN takes by default; known at import,
 # so that a graph being compiled reads a constant
 ONEDNN_VENDORS = ("AuthenticAMD",)
@@ -81,13 +83,6 @@ def bf16_products_fast() -> bool:
 def onednn_linear_available() -> bool:
     """Whether this torch build has oneDNN's linear operator (x86 and ARM CPU builds do)."""
     return _AVAILABLE
-
-
-def onednn_linear(enabled: bool):
-    """Turn the oneDNN path on or off inside a ``with`` block (benchmarks and tests compare
-    both). Outside one the rule chooses (the module docstring), unless ``ATTNKIT_ONEDNN_LINEAR``
-    is 0 (off) or 1 (on)."""
-    return _switch(enabled)
 
 
 def onednn_choice() -> dict:

@@ -64,14 +64,8 @@ __all__ = ["PackedStack", "packed_stack", "packed_steps", "why_not"]
 
 _EPS = torch.finfo(torch.float32).eps  # RMSNorm's epsilon where the norm names none
 _ACTIVATIONS = {"swiglu": 0, "geglu": 1}  # the FFN's gate, by llama_step.c's code
-_switch = Switch("ATTNKIT_PACKED_STEP")
-
-
-def packed_steps(enabled: bool):
-    """Turn the C forward of :class:`PackedStack` on or off inside a ``with`` block (benchmarks
-    and tests compare both: off, the same stack runs ``Decoder.forward``). The default is on;
-    ``ATTNKIT_PACKED_STEP=0`` turns it off, and ``prepare`` then swaps nothing."""
-    return _switch(enabled)
+# packed_steps(False) holds the lever off inside a with block (ATTNKIT_PACKED_STEP=0: off)
+packed_steps = _switch = Switch("ATTNKIT_PACKED_STEP")
 
 
 def why_not(model: nn.Module) -> str | None:

@@ -43,13 +43,8 @@ from attnkit.varlen import Rows, key_padding
 
 __all__ = ["UnpaddedDecoder", "UnpaddedEncoder", "unpad_stacks", "unpadding"]
 
-_switch = Switch("ATTNKIT_UNPAD")
-
-
-def unpadding(enabled: bool):
-    """Turn the unpadded stacks on or off inside a ``with`` block (tests and benchmarks compare
-    both). The default is on; ``ATTNKIT_UNPAD=0`` turns it off."""
-    return _switch(enabled)
+# unpadding(False) holds the lever off inside a with block (ATTNKIT_UNPAD=0: off)
+unpadding = _switch = Switch("ATTNKIT_UNPAD")
 
 
 def _packs(mask, x) -> bool:
