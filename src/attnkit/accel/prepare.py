@@ -102,23 +102,16 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
         kernel = _kernel_lever("fused-loss", "ATTNKIT_LOSS_KERNEL")
         why = "rows in C" if kernel.on else f"rows in torch: {kernel.why}"
         levers.append(Lever("fused-loss", True, why))
-    if not switch("ATTNKIT_UNPAD").on:
-        levers.append(Lever("unpadded", False, switch("ATTNKIT_UNPAD").why_off))
-    elif moe:
-        levers.append(Lever("unpadded", False, "a mixture of experts counts padded tokens"))
-    else:
-        levers.append(Lever("unpadded", True))
-    levers.append(_kernel_lever("attention-kernel", "ATTNKIT_ATTENTION_KERNEL"))
-    if not switch("ATTNKIT_ATTENTION_TILES").on:
-        levers.append(Lever("amx-tiles", False, switch("ATTNKIT_ATTENTION_TILES").why_off))
-    else:
-        tiles = switch("ATTNKIT_ATTENTION_KERNEL").on and tiles_available()
-        why = "bf16 attention" if tiles else "no AMX tiles here"
-        if not tiles and native.library() is None:
-            why = "no native kernels (see attnkit info)"
-        elif not tiles and not switch("ATTNKIT_ATTENTION_KERNEL").on:
-            why = "the attention kernel is off"
-        levers.append(Lever("amx-tiles", tiles, why))
+    unpad = switch("ATTNKIT_UNPAD")
+    why = unpad.why_off if not unpad.on else "a mixture of experts counts padding" if moe else ""
+    levers.append(Lever("unpadded", unpad.on and not moe, why))
+    attention = _kernel_lever("attention-kernel", "ATTNKIT_ATTENTION_KERNEL")
+    tiles = switch("ATTNKIT_ATTENTION_TILES")
+    on = tiles.on and attention.on and tiles_available()
+    why = "bf16 attention" if on else "no AMX tiles here"
+    if not tiles.on or not attention.on:
+        why = tiles.why_off if not tiles.on else f"the attention kernel is off: {attention.why}"
+    levers += [attention, Lever("amx-tiles", on, why)]
     if not onednn_linear_available():
         levers.append(Lever("onednn-fp32", False, "torch has no oneDNN linear"))
     else:
