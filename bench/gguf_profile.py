@@ -29,7 +29,7 @@ import time
 import torch
 
 import attnkit as ak
-from attnkit.accel import packed, packed_steps
+from attnkit.accel import native, packed, packed_steps
 from attnkit.generation import lm_step
 from attnkit.interop import load_tokenizer_for
 from common import cpu_description
@@ -118,7 +118,7 @@ def main() -> None:
             lm_step(model, token, None, cache)
     counts.append(sum(event.name.startswith("aten::") for event in prof.events()))
 
-    kernel, codes = packed.packed_kernel(), packed.KIND_CODES
+    kernel, codes = native.library(), packed.KIND_CODES
     rows = {m.in_features: torch.randn(m.in_features) for m in layers}
     outs = [torch.empty(m.out_features) for m in layers]
     alone = []

@@ -452,7 +452,7 @@ def test_torch_dequantization_is_bit_for_bit_gguf_quants(kind, block_bytes):
 def test_build_empty_draws_nothing_and_keeps_ties_and_computed_buffers(monkeypatch, position):
     # A model built to be loaded: no random number is drawn, torch is left as it was, a tied
     # weight stays one tensor, and the buffers a constructor computes equal a normal build's.
-    from attnkit.interop.checkpoint import build_empty
+    from attnkit.serialization import build_empty
 
     cfg = ak.ModelConfig.preset("tiny", position=position, tie_embeddings=True)
     normal = ak.DecoderLM(cfg)

@@ -17,7 +17,6 @@ from attnkit.accel.packed import (
     PackedEmbedding,
     PackedLinear,
     dequantize,
-    packed_kernel,
 )
 from attnkit.interop.gguf import read_gguf
 
@@ -89,7 +88,7 @@ def test_q5_0_becomes_q8_0_bit_for_bit():
 def test_packed_products_equal_the_float32_product(kind, rows):
     """Any number of rows (more than MAX_ROWS take several kernel calls) give the dequantized
     product, to float32 accumulation-order error; each row the bits it gets alone."""
-    assert packed_kernel() is not None  # make test builds the kernels at install
+    assert native.library() is not None  # make test builds the kernels at install
     cols = 512 if kind in K_QUANTS else 320  # a K-quant row is whole super-blocks of 256
     blocks = random_blocks(kind, 96, cols, seed=rows)
     layer = PackedLinear(blocks, kind, cols)
@@ -146,7 +145,7 @@ def test_gradients_and_no_compiler_fall_back_to_float32(monkeypatch):
     torch.testing.assert_close(x.grad, layer.dequantized().sum(0).expand(2, 64))
     with torch.no_grad():
         fast = layer(x)
-    monkeypatch.setattr(packed, "packed_kernel", lambda: None)
+    monkeypatch.setattr(packed.native, "library", lambda: None)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), fast, rtol=1e-5, atol=1e-5)
 

@@ -38,16 +38,8 @@ from torch import Tensor
 
 from attnkit import checks
 
-__all__ = [
-    "BeamHypothesis",
-    "DecodingSteps",
-    "beam_search",
-    "generate",
-    "lm_step",
-    "sample_next",
-    "seq2seq_step",
-    "steps_of",
-]
+__all__ = ["BeamHypothesis", "DecodingSteps", "beam_search", "generate", "lm_step", "sample_next",
+           "seq2seq_step", "steps_of"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

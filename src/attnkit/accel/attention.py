@@ -45,7 +45,7 @@ from attnkit.attention import MultiHeadAttention
 from attnkit.varlen import Sequences
 
 __all__ = [
-    "FUSED_NAME", "Sequences", "attention", "attention_kernel", "attention_tiles", "kernel",
+    "FUSED_NAME", "Sequences", "attention", "attention_kernel", "attention_tiles",
     "packed_attention", "packed_self_attention", "register_operator", "takes_packed",
     "tiles_available", "use_attention_kernel",
 ]  # fmt: skip
@@ -62,15 +62,10 @@ attention_tiles = _tiles = Switch("ATTNKIT_ATTENTION_TILES")
 _View, _Shape = native.structure("View"), native.structure("Shape")  # structs.h
 
 
-def kernel():
-    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
-    return native.library()
-
-
 def tiles_available() -> bool:
     """Whether bfloat16 attention runs its products on AMX tiles here: the kernel was built with
     them (the ``amx`` variant of :mod:`attnkit.accel.native` is in use) and Linux lends them."""
-    library = kernel()
+    library = native.library()
     return library is not None and bool(library.attention_tiles())
 
 
@@ -119,7 +114,7 @@ def _forward(q, k, v, valid, causal: bool, scale: float, queries=None, keys=None
     else:  # (B, H, longest): rows past a shorter sequence's end hold +inf, as rows with no key
         lse = q.new_full((shape.batch, shape.heads, shape.n), float("inf"), dtype=torch.float32)
     with record_function("attnkit::attention_forward"):  # named in torch.profiler's tables
-        status = kernel().attention_forward(
+        status = native.library().attention_forward(
             shape, _view(q, queries), _view(k, keys), _view(v, keys), _view(out, queries),
             lse.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
@@ -137,7 +132,7 @@ def _backward(q, k, v, out, lse, grad, valid, causal: bool, scale: float, querie
     packed = queries is not None
     dq, dk, dv = into or (_like(q, packed), _like(k, packed), _like(v, packed))
     with record_function("attnkit::attention_backward"):
-        status = kernel().attention_backward(
+        status = native.library().attention_backward(
             shape, _view(q, queries), _view(k, keys), _view(v, keys), _view(out, queries),
             _view(grad, queries), lse.data_ptr(), _view(dq, queries), _view(dk, keys),
             _view(dv, keys), torch.get_num_threads(),
@@ -164,7 +159,7 @@ def takes_packed(q: Tensor, longest: int) -> bool:
         _switch.on
         and not torch.compiler.is_compiling()
         and q.device.type == "cpu"
-        and kernel() is not None
+        and native.library() is not None
         and (dtype == torch.float32 or (dtype == torch.bfloat16 and not _tiled()))
         and -(-longest // 4) * 4 * (-(-longest // 32) * 32) <= _MAX_SCRATCH
     )
@@ -364,7 +359,7 @@ def _built() -> bool:
     when the eager calls before asked (loading is not something Dynamo traces)."""
     global _loaded
     if not torch.compiler.is_compiling():
-        _loaded = kernel() is not None
+        _loaded = native.library() is not None
     return _loaded
 
 

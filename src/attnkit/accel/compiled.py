@@ -33,7 +33,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from attnkit.accel.packed import packed_kernel, register_operator
+from attnkit.accel import native
+from attnkit.accel.packed import register_operator
 from attnkit.accel.switch import Switch
 from attnkit.generation import DecodingSteps, lm_step, seq2seq_step
 
@@ -65,7 +66,7 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
             "compile=True: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++), "
             "and none is on PATH; install one (apt-get install g++) or leave compile off"
         )
-    if device.type == "cpu" and packed_kernel() is not None:
+    if device.type == "cpu" and native.library() is not None:
         register_operator()  # packed layers (GGUF weights) stay one call each
     key = (step, device.type, _autotune.on)
     if key not in _COMPILED:

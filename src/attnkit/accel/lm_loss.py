@@ -34,7 +34,7 @@ from attnkit.accel.swap import rebuilt, swap_modules
 from attnkit.accel.switch import Switch
 from attnkit.layers import LMHead
 
-__all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy", "loss_kernels", "row_kernel"]
+__all__ = ["FusedLMHead", "fuse_lm_loss", "linear_cross_entropy", "loss_kernels"]
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 # loss_kernels(False) holds the lever off inside a with block (ATTNKIT_LOSS_KERNEL=0: off)
@@ -66,15 +66,10 @@ def _chunk_rows(vocab_size: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def row_kernel():
-    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None."""
-    return native.library()
-
-
 def _rows_c(logits, targets, weights, smoothing, with_grads, lse, z_target, z_mean) -> bool:
     """The row-wise work of a chunk by ``lm_loss.c`` (see its header), the gradient written
     over ``logits``; False (nothing done) where the kernel does not apply."""
-    kernel = row_kernel() if _switch.on else None
+    kernel = native.library() if _switch.on else None
     if (
         kernel is None
         or logits.device.type != "cpu"
@@ -102,7 +97,7 @@ def _add_transposed(total: Tensor | None, part: Tensor) -> Tensor:
     (D, V) part of dL/dW added to the (V, D) sum. By ``lm_loss.c`` on the CPU (torch's add of
     a transposed view runs ten times slower), else by torch."""
     wide = torch.promote_types(part.dtype, torch.float32) if total is None else total.dtype
-    kernel = row_kernel() if _switch.on else None
+    kernel = native.library() if _switch.on else None
     if (
         kernel is None
         or part.device.type != "cpu"

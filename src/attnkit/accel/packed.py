@@ -68,7 +68,6 @@ __all__ = [
     "check_tile_layout",
     "dequantize",
     "int8_path",
-    "packed_kernel",
     "register_operator",
     "repack_q4_k",
     "repack_q5_0",
@@ -92,12 +91,6 @@ DEQUANTIZED_ROWS = 4096  # output features dequantized at a time for the GEMM
 # --------------------------------------------------------------------------------------------
 
 
-def packed_kernel():
-    """The native kernels' library in use (:func:`attnkit.accel.native.library`), or None:
-    callers fall back to dequantizing."""
-    return native.library()
-
-
 LlamaLayer = native.structure("LlamaLayer")  # structs.h: packed_llama_forward's layer
 LlamaCache = native.structure("LlamaCache")  # ... and a layer's cache
 
@@ -107,7 +100,7 @@ _INT8_PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "plain C"}
 def int8_path() -> str | None:
     """Which integer dot product the loaded kernels use ("AVX-512 VNNI", "AVX-VNNI", "AVX2",
     "plain C"), or None without kernels."""
-    kernel = packed_kernel()
+    kernel = native.library()
     return None if kernel is None else _INT8_PATHS[kernel.packed_int8_path()]
 
 
@@ -186,7 +179,7 @@ class PackedLinear(nn.Module):
         if torch.compiler.is_compiling():  # one call in the compiled graph
             usable, product = _operator is not None, _operator
         else:
-            usable, product = packed_kernel() is not None, _packed_product
+            usable, product = native.library() is not None, _packed_product
         if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
             y = self._dequantized_product(x)
         else:
@@ -208,11 +201,11 @@ class IntegerPackedLinear(PackedLinear):
         self, blocks: Tensor, kind: str, in_features: int, *, bias: Tensor | None = None
     ) -> None:
         super().__init__(blocks, kind, in_features, bias=bias)
-        if packed_kernel() is None:
+        if native.library() is None:
             raise RuntimeError("IntegerPackedLinear: the integer path needs the native kernels")
         tiles = _tiled(self.blocks, kind, in_features, release=True)
         self.register_buffer("tiles", tiles, persistent=False)
-        self.tile_layout = packed_kernel().packed_tile_layout()  # the layout that made them
+        self.tile_layout = native.library().packed_tile_layout()  # the layout that made them
 
     def _packed(self, x: Tensor, product) -> Tensor:
         check_tile_layout(self)
@@ -229,7 +222,7 @@ def check_tile_layout(layer: PackedLinear) -> None:
     """Refuse tiles made by kernels of another layout than the ones in use (rows per tile, and
     whether bytes carry VNNI's offset, depend on the variant: ``packed.c``'s
     ``packed_tile_layout``): read under another, they would give wrong products."""
-    kernel = packed_kernel()
+    kernel = native.library()
     if kernel is not None and layer.tile_layout != kernel.packed_tile_layout():
         raise RuntimeError(
             f"PackedLinear: its tiles were made by kernels of tile layout {layer.tile_layout}, "
@@ -242,7 +235,7 @@ def check_tile_layout(layer: PackedLinear) -> None:
 def _dequantized(blocks: Tensor, kind: str, in_features: int) -> Tensor:
     """Rows of blocks as a float32 matrix: by the C kernel where it is built (one pass, the
     same values bit for bit), else by :func:`dequantize`."""
-    kernel = packed_kernel()
+    kernel = native.library()
     if kernel is None or not blocks.is_contiguous():
         return dequantize(blocks, kind).reshape(len(blocks), in_features)
     out = torch.empty(len(blocks), in_features)
@@ -261,7 +254,7 @@ def _tiled(blocks: Tensor, kind: str, in_features: int, release: bool = False) -
     ``release``, the pages of blocks that a memory-mapped file holds leave the resident set as
     soon as their rows are tiled (``DEQUANTIZED_ROWS`` rows at a time), so that the file's
     blocks and their tiles are never resident together whole."""
-    kernel = packed_kernel()
+    kernel = native.library()
     if kernel is None:
         return None
     height = kernel.packed_tile_rows()
@@ -319,7 +312,7 @@ def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> 
         flat = flat.float().contiguous()
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
-    library = packed_kernel()
+    library = native.library()
     kernel = library.packed_matmul_tiles if kind >= 8 else library.packed_matmul
     threads = torch.get_num_threads()
     x_at, y_at, w_at = flat.data_ptr(), out.data_ptr(), blocks.data_ptr()
@@ -369,7 +362,7 @@ def use_integer_products(model: nn.Module, enabled: bool = True) -> nn.Module:
     every IntegerPackedLinear a PackedLinear again; returns the model. (``accel.prepare``
     calls it with its rule's choice.)"""
     global _changes
-    if enabled and packed_kernel() is None:
+    if enabled and native.library() is None:
         raise RuntimeError("use_integer_products: the integer path needs the native kernels")
     cls = IntegerPackedLinear if enabled else PackedLinear
 

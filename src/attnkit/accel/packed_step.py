@@ -51,7 +51,6 @@ from attnkit.accel.packed import (
     LlamaLayer,
     PackedLinear,
     check_tile_layout,
-    packed_kernel,
     tiles_changed,
 )
 from attnkit.accel.swap import rebuilt, swap_modules
@@ -97,7 +96,7 @@ def why_not(model: nn.Module) -> str | None:
     floats = [t for block in model.decoder.layers for t in _floats(block)]
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in floats):
         return "the norms and RoPE are not float32 on the CPU"
-    if packed_kernel() is None:
+    if native.library() is None:
         return "no native kernels (see attnkit info)"
     return None
 
@@ -212,7 +211,7 @@ class PackedStack(Decoder):
         checked then). They hold raw addresses: the tensors behind them are kept alive with
         them. (A float32 product's weight replaced after the swap is not seen: the old one is
         kept and read.)"""
-        made_under = (tiles_changed(), packed_kernel())
+        made_under = (tiles_changed(), native.library())
         if self._described is None or self._described[0] != made_under:
             blocks = list(self.layers)
             described = (LlamaLayer * len(blocks))(*[_layer(b, self.cfg) for b in blocks])
@@ -226,7 +225,7 @@ class PackedStack(Decoder):
             return False
         if memory is not None or rows is not None or x.dim() != 3 or x.device.type != "cpu":
             return False
-        if x.dtype != torch.float32 or not 1 <= x.shape[0] <= MAX_ROWS or packed_kernel() is None:
+        if x.dtype != torch.float32 or not 1 <= x.shape[0] <= MAX_ROWS or native.library() is None:
             return False
         keys = (0 if cache is None else cache.length) + x.shape[1]
         if self_mask is not None and not (
@@ -288,7 +287,7 @@ class PackedStack(Decoder):
                 entry.length = kv.length
             mask = None if valid is None else valid[:, : past + start + t].contiguous()
             where = positions[:, start : start + t].contiguous()
-            status = packed_kernel().packed_llama_forward(
+            status = native.library().packed_llama_forward(
                 layers, table, len(table), self.norm.weight.data_ptr(), _eps(self.norm),
                 part.data_ptr(), b, t, where.data_ptr(),
                 None if mask is None else mask.data_ptr(), torch.get_num_threads(),

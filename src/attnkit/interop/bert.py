@@ -33,9 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors, build_empty
+from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import EncoderClassifier, EncoderModel
+from attnkit.serialization import build_empty
 
 __all__ = ["bert_config_from_hf", "bert_state_dict", "encoder_model", "load_bert"]
 

@@ -26,13 +26,11 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from attnkit.files import read_json
-from attnkit.serialization import build_empty
 
 __all__ = [
     "INDEX_FILE",
     "WEIGHTS_FILE",
     "Tensors",
-    "build_empty",
     "read_hf_weights",
     "read_safetensors",
 ]

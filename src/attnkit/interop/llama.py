@@ -32,9 +32,10 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors, build_empty
+from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import DecoderLM
+from attnkit.serialization import build_empty
 
 __all__ = ["llama_config_from_hf", "llama_from_tensors", "load_llama"]
 
