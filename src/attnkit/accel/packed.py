@@ -79,7 +79,8 @@ __all__ = [
 
 # the kinds' codes, as packed.h defines them (native.kinds()): blocks, and tiles of blocks
 KIND_CODES = {k: native.kinds()[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_K")}
-TILE_CODES = {kind: native.kinds()["TILE_BASE"] + code for kind, code in KIND_CODES.items()}
+_TILE_BASE = native.kinds()["TILE_BASE"]
+TILE_CODES = {kind: _TILE_BASE + code for kind, code in KIND_CODES.items()}
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4
 MAX_ROWS = 16  # rows per kernel call; a prompt's rows take several calls
 _changes = 0  # how many times packed layers were swapped for the other path (tiles_changed())
@@ -313,7 +314,7 @@ def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> 
     rows = flat.shape[0]
     out = torch.empty(*x.shape[:-1], out_features)
     library = native.library()
-    kernel = library.packed_matmul_tiles if kind >= 8 else library.packed_matmul
+    kernel = library.packed_matmul_tiles if kind >= _TILE_BASE else library.packed_matmul
     threads = torch.get_num_threads()
     x_at, y_at, w_at = flat.data_ptr(), out.data_ptr(), blocks.data_ptr()
     for start in range(0, rows, MAX_ROWS):  # 4-byte floats: the rows' addresses
