@@ -46,7 +46,7 @@ $(KERNELS): $(STAMP) $(KERNEL_SOURCES)
 # Debian packages, installed when absent and when we have the rights (root, apt-get):
 # trans-de-en (German-English pairs from the Ding dictionary), fonts-wqy-zenhei (Chinese labels in
 # plots), chromium (the browser test of the HTML report), g++ (torch.compile on a CPU, for
-# `generate(..., compile=True)`). Then LibreOffice's help pages (the translators' corpus): the
+# `attnkit generate --compile`). Then LibreOffice's help pages (the translators' corpus): the
 # .deb files are fetched once into data/debs (`apt-get download`, no root needed) and unpacked
 # into data/libreoffice with `dpkg -x`; installing them would pull in all of LibreOffice.
 data:

@@ -402,3 +402,16 @@ def test_prepare_for_decoding_lays_weights_out_once_and_saving_still_works(tmp_p
     loaded = ak.from_pretrained(tmp_path / "m")
     for name, value in plain.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value), name
+
+
+@needs_onednn
+def test_the_onednn_operator_passes_opcheck():
+    # attnkit::onednn_mm as compiled layers see it: its schema, fake tensor and gradients.
+    import attnkit.accel.onednn as onednn
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 16, generator=g, requires_grad=True)
+    w = torch.randn(8, 16, generator=g, requires_grad=True)
+    b = torch.randn(8, generator=g, requires_grad=True)
+    torch.library.opcheck(onednn.register_operator(), (x, w, b))
+    torch.library.opcheck(onednn.register_operator(), (x, w, None))
