@@ -350,7 +350,7 @@ def print_report(results: dict) -> None:
         each = ", ".join(f"{rate / 1e9:.1f} GB/s in {size}" for size, rate in rates.items())
         print(f"memory: a tensor copy reads and writes {each} ({results['threads']} threads)")
     if choice := results.get("onednn"):
-        print(accel.onednn.describe_choice(choice))
+        print(f"float32 products: {'oneDNN' if choice['on'] else 'MKL'} ({choice['by']})")
     memory = "freed memory kept" if results.get("keep_memory") else "glibc's default malloc"
     print(
         f"training throughput, {results['threads']} threads, median of {results['repeats']} "
