@@ -432,3 +432,33 @@ def test_greedy_ties_accepts_a_near_tie_and_nothing_else():
     far = torch.tensor([[1, 1], [2, 0]])  # row 1 parts where the best logit leads by 1.5
     with pytest.raises(AssertionError, match="row 1: token 0 is 2, expected 0"):
         greedy_ties(expected, far, lambda b, i: logits[b])
+
+
+def test_generate_runs_the_steps_the_model_provides():
+    # The protocol between a model and the decoding loops (generation.DecodingSteps): the
+    # cached steps and the session come from model.decoding_steps; without it, the plain ones.
+    from contextlib import contextmanager
+
+    from attnkit.generation import DecodingSteps, lm_step
+
+    lm = make("decoder", "rope", n_layers=1)
+    prompts = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    plain = lm.generate(prompts, 6)
+    calls, sessions = [], []
+
+    def counted(model, *args):
+        calls.append(1)
+        return lm_step(model, *args)
+
+    @contextmanager
+    def session(model):
+        sessions.append(model)
+        yield
+
+    lm.decoding_steps = DecodingSteps(lm=counted, session=session)
+    assert torch.equal(lm.generate(prompts, 6), plain)
+    assert len(calls) == 5 and sessions == [lm]  # one cached step per token after the first
+    assert torch.equal(lm.generate(prompts, 6, use_cache=False), plain)
+    assert len(calls) == 5  # uncached steps run the whole sequence through the plain step
+    del lm.decoding_steps
+    assert torch.equal(lm.generate(prompts, 6), plain)
