@@ -176,3 +176,22 @@ def attention_inputs(q: Any, k: Any, v: Any, mask: Any, dropout_p: Any) -> None:
         )
     number_in("dropout_p", dropout_p, 0.0, 1.0)
     attention_mask(mask, q, k)
+
+
+def same_batch(src_ids: Any, tgt_ids: Any) -> None:
+    """The source and the target of an encoder-decoder hold the same number of rows."""
+    if isinstance(src_ids, Tensor) and isinstance(tgt_ids, Tensor):
+        if src_ids.dim() >= 1 and tgt_ids.dim() >= 1 and src_ids.shape[0] != tgt_ids.shape[0]:
+            raise ValueError(
+                f"src_ids and tgt_ids must have the same batch size, got "
+                f"{src_ids.shape[0]} and {tgt_ids.shape[0]}"
+            )
+
+
+def loss_options(targets: Tensor, vocab_size: int, ignore_index: int, smoothing) -> None:
+    """Targets in the vocabulary (or ``ignore_index``) and a smoothing in [0, 1)."""
+    number_in("smoothing", smoothing, 0.0, 1.0)
+    real = targets[targets != ignore_index]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+        raise ValueError(f"targets: target id {bad} is outside [0, {vocab_size})")

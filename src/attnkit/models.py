@@ -66,24 +66,6 @@ def _key_mask(mask: Tensor | None) -> Tensor | None:
     return mask[:, None, None, :]
 
 
-def _same_batch(src_ids, tgt_ids) -> None:
-    if isinstance(src_ids, Tensor) and isinstance(tgt_ids, Tensor):
-        if src_ids.dim() >= 1 and tgt_ids.dim() >= 1 and src_ids.shape[0] != tgt_ids.shape[0]:
-            raise ValueError(
-                f"src_ids and tgt_ids must have the same batch size, got "
-                f"{src_ids.shape[0]} and {tgt_ids.shape[0]}"
-            )
-
-
-def _check_loss_options(targets: Tensor, vocab_size: int, ignore_index: int, smoothing) -> None:
-    """Targets in the vocabulary (or ``ignore_index``) and a smoothing in [0, 1)."""
-    checks.number_in("smoothing", smoothing, 0.0, 1.0)
-    real = targets[targets != ignore_index]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
-        raise ValueError(f"targets: target id {bad} is outside [0, {vocab_size})")
-
-
 def shift_right(tgt_ids: Tensor, bos_id: int) -> Tensor:
     """Teacher forcing's decoder input: ``[bos, y_1, ..., y_{T-1}]`` for targets ``[y_1 .. y_T]``.
 
@@ -367,7 +349,7 @@ class Transformer(_Model):
         *,
         return_attention: bool = False,
     ):
-        _same_batch(src_ids, tgt_ids)
+        checks.same_batch(src_ids, tgt_ids)
         checks.token_ids("tgt_ids", tgt_ids, self.cfg.vocab_size)
         checks.padding_mask("tgt_mask", tgt_mask, tgt_ids.shape)
         if not return_attention:
@@ -392,10 +374,10 @@ class Transformer(_Model):
         smoothing ``smoothing``, computed by the
         output layer's own ``loss`` (``LMHead.loss``)."""
         checks.targets(targets, tgt_ids)
-        _same_batch(src_ids, tgt_ids)
+        checks.same_batch(src_ids, tgt_ids)
         memory = self.encode(src_ids, src_mask)
         src_mask, tgt_mask = self._check_decode(tgt_ids, memory, src_mask, tgt_mask, None)
-        _check_loss_options(targets, self.cfg.vocab_size, ignore_index, smoothing)
+        checks.loss_options(targets, self.cfg.vocab_size, ignore_index, smoothing)
         hidden, _, _ = self.decoder_states(tgt_ids, memory, src_mask, tgt_mask, None, False)
         return self.lm_head.loss(hidden, targets, ignore_index=ignore_index, smoothing=smoothing)
 
@@ -467,7 +449,7 @@ class DecoderLM(_Model):
         (``LMHead.loss``; ``attnkit.accel.fuse_lm_loss`` makes it one chunked pass)."""
         attention_mask = self.check_inputs(input_ids, attention_mask)
         checks.targets(targets, input_ids)
-        _check_loss_options(targets, self.cfg.vocab_size, ignore_index, smoothing)
+        checks.loss_options(targets, self.cfg.vocab_size, ignore_index, smoothing)
         hidden, _ = self.hidden_states(input_ids, attention_mask)
         return self.lm_head.loss(hidden, targets, ignore_index=ignore_index, smoothing=smoothing)
 
