@@ -14,7 +14,7 @@ CLI = Path(__file__).resolve().parents[1] / "src" / "attnkit" / "cli"
 def test_every_command_module_registers_itself_and_runs():
     parser = build_parser()
     choices = parser._subparsers._group_actions[0].choices
-    assert len(choices) == len(COMMANDS) == 17
+    assert len(choices) == len(COMMANDS) == 18
     for module in COMMANDS:
         assert callable(module.register) and callable(module.run), module.__name__
         assert module.__name__.startswith("attnkit.cli.")

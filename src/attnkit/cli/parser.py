@@ -14,6 +14,7 @@ from attnkit.cli import (
     embed,
     evaluate,
     explain,
+    export,
     generate,
     info,
     models,
@@ -30,7 +31,7 @@ from attnkit.cli.common import Parser
 # every command, in the order `attnkit --help` lists them; each module has register() and run()
 COMMANDS = (
     explain, demo, viz, models, info, generate, perplexity, embed, quantize,
-    train, evaluate, translate, average, tune_length_penalty, classify, serve, chat,
+    train, evaluate, translate, average, tune_length_penalty, classify, export, serve, chat,
 )  # fmt: skip
 
 

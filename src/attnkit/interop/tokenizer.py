@@ -39,6 +39,7 @@ from attnkit.files import cache_dir, read_json
 __all__ = [
     "PretrainedTokenizer",
     "load_hf_tokenizer",
+    "pre_tokenizer",
     "tokenizer_from_gguf",
     "tokenizer_from_gguf_metadata",
 ]
@@ -67,12 +68,26 @@ _LLAMA3_SPLIT = (
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...] | None, bool]] = {
     "default": (None, False),
     "gpt2": (None, False),
+    "gpt-2": (None, False),  # llama.cpp's name for GPT-2's split (what attnkit's BPE uses)
     "llama-bpe": ((_LLAMA3_SPLIT,), True),
     "llama3": ((_LLAMA3_SPLIT,), True),
     "llama-v3": ((_LLAMA3_SPLIT,), True),
     "smollm": ((r"\p{N}", _GPT2_REGEX), False),  # every digit alone, then GPT-2's split
 }
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The ``tokenizers`` pre-tokenizer for llama.cpp's ``tokenizer.ggml.pre`` name."""
+    splits = PRE_TOKENIZERS[pre][0]
+    if splits is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence(
+        [
+            *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 class PretrainedTokenizer:
@@ -350,17 +365,9 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
             )
         if merges is None:
             raise ValueError(f"{source}: a 'gpt2' tokenizer needs tokenizer.ggml.merges")
-        splits, ignore_merges = PRE_TOKENIZERS[pre]
+        ignore_merges = PRE_TOKENIZERS[pre][1]
         tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
-        if splits is None:
-            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        else:
-            tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-                [
-                    *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-                ]
-            )
+        tokenizer.pre_tokenizer = pre_tokenizer(pre)
         tokenizer.decoder = decoders.ByteLevel()
         add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
     elif kind == "llama":
