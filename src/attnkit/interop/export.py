@@ -85,7 +85,7 @@ def export(
         files = _hf_files(model, config, tokenizer, chat_template)
         with atomic_directory(path) as tmp:
             save_file(
-                {k: v.to(DTYPES[dtype]) for k, v in _untied(config, state).items()},
+                {k: v.to(DTYPES[dtype], copy=True) for k, v in _untied(config, state).items()},
                 tmp / "model.safetensors",
                 metadata={"format": "pt"},
             )

@@ -220,15 +220,9 @@ def _vocabulary(tokenizer) -> dict:
         }
     data = json.loads(tokenizer.hf.to_str())
     model = data.get("model") or {}
-    found = json.loads(tokenizer.hf.pre_tokenizer.to_str()) if tokenizer.hf.pre_tokenizer else None
-    pre = next(
-        (
-            name
-            for name in PRE_TOKENIZERS
-            if name not in ("default", "gpt2") and json.loads(pre_tokenizer(name).to_str()) == found
-        ),
-        None,
-    )
+    found = data.get("pre_tokenizer")
+    names = [name for name in PRE_TOKENIZERS if name not in ("default", "gpt2")]  # aliases
+    pre = next((name for name in names if _json_of(pre_tokenizer(name)) == found), None)
     if model.get("type") != "BPE" or model.get("byte_fallback") or pre is None:
         raise refuse(
             "tokenizer",
@@ -242,6 +236,15 @@ def _vocabulary(tokenizer) -> dict:
         if added.get("special"):
             types[added["id"]] = CONTROL
     return {"model": "gpt2", "pre": pre, "tokens": tokens, "types": types, "merges": merges}
+
+
+def _json_of(pre) -> dict:
+    """A pre-tokenizer as it appears in a tokenizer.json."""
+    from tokenizers import Tokenizer, models
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre
+    return json.loads(tokenizer.to_str())["pre_tokenizer"]
 
 
 def _add_tokenizer(writer, vocabulary: dict, tokenizer, chat_template: str | None) -> None:
