@@ -28,7 +28,8 @@ NOTES = [
     "今天 下雨 我 没 带 伞",
     "我 用 毒 毒 毒 蛇",
 ]
-CORPUS = NOTES + [
+CORPUS = [
+    *NOTES,
     "ROMEO. But soft, what light through yonder window breaks?",
     "It is the east, and Juliet is the sun.",
     "今天下雨，我没带伞。我用毒蛇。",
