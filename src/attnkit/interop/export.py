@@ -142,19 +142,20 @@ def _special_tokens(tokenizer) -> dict[str, str]:
 def hf_tokenizer(tokenizer, family: str) -> HFTokenizer:
     """A ``tokenizers.Tokenizer`` that encodes as attnkit's ``tokenizer`` does for a model of
     ``family`` ("lm", "translation", "classification", "encoder")."""
-    from attnkit.data.tokenizer import CharTokenizer
+    from attnkit.data.tokenizer import CharTokenizer, Tokenizer
 
+    token = tokenizer.id_to_token
     if isinstance(tokenizer, CharTokenizer):  # one token per character: BPE with no merges
-        vocab = {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
-        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=tokenizer.special_tokens[3]))
+        vocab = {token(i): i for i in range(tokenizer.vocab_size)}
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=token(tokenizer.unk_id)))
         hf.decoder = decoders.Fuse()
     else:
         hf = HFTokenizer.from_str(tokenizer.hf.to_str())
-    if not hasattr(tokenizer, "source"):  # attnkit's own: special tokens only on request
+    if isinstance(tokenizer, Tokenizer):  # attnkit's own: special tokens only on request
         hf.add_special_tokens(
             [AddedToken(t, special=True, normalized=False) for t in tokenizer.special_tokens]
         )
-        cls_, eos = tokenizer.special_tokens[tokenizer.cls_id], tokenizer.special_tokens[2]
+        cls_, eos = token(tokenizer.cls_id), token(tokenizer.eos_id)
         template = {
             "classification": (f"{cls_} $A", cls_, tokenizer.cls_id),
             "translation": (f"$A {eos}", eos, tokenizer.eos_id),
@@ -162,9 +163,9 @@ def hf_tokenizer(tokenizer, family: str) -> HFTokenizer:
         if template is None:
             hf.post_processor = None
         else:
-            single, token, token_id = template
+            single, text, token_id = template
             hf.post_processor = processors.TemplateProcessing(
-                single=single, pair=f"{single} $B:1", special_tokens=[(token, token_id)]
+                single=single, pair=f"{single} $B:1", special_tokens=[(text, token_id)]
             )
     return hf
 

@@ -291,11 +291,8 @@ def _plan(cfg: ModelConfig, names: dict[str, GGUFTensor]) -> list[tuple[str, lis
     for i in range(cfg.n_layers):
         stem, mine = f"blk.{i}.", f"decoder.layers.{i}."
         if "position_embd.weight" in names:  # gpt2: one qkv matrix, no gate
-            plan += [
-                (mine + v, [stem + k + ".weight"])
-                for k, v in GPT2_LAYER_NAMES.items()
-                if k.startswith(("attn_qkv", "attn_output", "ffn_up", "ffn_down"))
-            ]
+            parts = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
+            plan += [(mine + GPT2_LAYER_NAMES[p], [f"{stem}{p}.weight"]) for p in parts]
             continue
         qkv = [stem + p + ".weight" for p in ("attn_q", "attn_k", "attn_v")]
         plan.append((mine + "self_attn.in_proj", qkv))
@@ -357,12 +354,9 @@ def pack_linear_layers(
             kept[attr] += 1
             continue
         blocks, kind = found
-        setattr(parent, attr, PackedLinear(blocks, kind, old.in_features, bias=_detached(old.bias)))
+        bias = None if old.bias is None else old.bias.detach()  # GPT-2's; a buffer there
+        setattr(parent, attr, PackedLinear(blocks, kind, old.in_features, bias=bias))
         packed[kind] += 1
     if "lm_head" not in kept:
         cfg.tie_embeddings = False  # the output layer has its own (packed) copy now
     cfg.extra["weights"] = {"packed": dict(packed), "float32": dict(kept)}
-
-
-def _detached(bias: Tensor | None) -> Tensor | None:
-    return None if bias is None else bias.detach()

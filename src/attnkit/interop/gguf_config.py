@@ -31,14 +31,32 @@ def _refuse_rope_scaling(hf: HFConfig, arch: str) -> None:
     hf.ignore(f"{arch}.rope.scaling.factor")
 
 
-def _special_ids(metadata: dict[str, Any], vocab: int) -> tuple[int | None, ...]:
-    """(bos, eos, pad) from the tokenizer's metadata; None where absent or out of range."""
+def _config(hf: HFConfig, metadata: dict[str, Any], source: str, vocab: int, *,
+            pad_is_eos: bool = True, **fields) -> ModelConfig:  # fmt: skip
+    """The ModelConfig of a GGUF file: ``fields`` plus the special ids of its tokenizer
+    (None where absent or out of range; a missing pad id is the EOS id where ``pad_is_eos``,
+    else 0); a value ModelConfig refuses is reported as the file's."""
 
     def token_id(key: str) -> int | None:
         value = metadata.get(f"tokenizer.ggml.{key}")
         return value if isinstance(value, int) and 0 <= value < vocab else None
 
-    return token_id("bos_token_id"), token_id("eos_token_id"), token_id("padding_token_id")
+    bos, eos, pad = (token_id(k) for k in ("bos_token_id", "eos_token_id", "padding_token_id"))
+    if pad is None:
+        pad = eos if pad_is_eos and eos is not None else 0
+    try:
+        return ModelConfig(
+            vocab_size=vocab,
+            dropout=0.0,
+            pad_id=pad,
+            bos_id=bos,
+            eos_id=eos,
+            norm="pre",
+            extra={"source": "gguf", "file": Path(source).name},
+            **fields,
+        )
+    except ValueError as error:
+        raise hf.error(str(error)) from None
 
 
 def llama_config_from_gguf(
@@ -85,28 +103,21 @@ def llama_config_from_gguf(
     }
     hf.check_unknown()
 
-    bos, eos, pad = _special_ids(metadata, vocab)
-    try:
-        return ModelConfig(
-            vocab_size=vocab,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            dropout=0.0,
-            pad_id=pad if pad is not None else eos if eos is not None else 0,
-            bos_id=bos,
-            eos_id=eos,
-            norm="pre",
-            norm_type="rmsnorm",
-            position="rope",
-            activation="swiglu",
-            bias=False,
-            **sizes,
-            tie_embeddings=tied,
-            extra={"source": "gguf", "file": Path(source).name},
-        )
-    except ValueError as error:
-        raise hf.error(str(error)) from None
+    return _config(
+        hf,
+        metadata,
+        source,
+        vocab,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        norm_type="rmsnorm",
+        position="rope",
+        activation="swiglu",
+        bias=False,
+        **sizes,
+        tie_embeddings=tied,
+    )
 
 
 def gemma3_config_from_gguf(
@@ -141,32 +152,26 @@ def gemma3_config_from_gguf(
     )
     hf.check_unknown()
 
-    bos, eos, pad = _special_ids(metadata, vocab)
-    try:
-        return ModelConfig(
-            vocab_size=vocab,
-            dropout=0.0,
-            pad_id=pad if pad is not None else 0,
-            bos_id=bos,
-            eos_id=eos,
-            norm="pre",
-            norm_type="rmsnorm",
-            position="rope",
-            rope_local_theta=10_000.0,
-            activation="geglu",
-            gelu_approximation="tanh",
-            bias=False,
-            tie_embeddings=True,
-            scale_embeddings=True,
-            qk_norm=True,
-            sandwich_norms=True,
-            attention="window",
-            global_every=6,
-            **sizes,
-            extra={"source": "gguf", "file": Path(source).name},
-        )
-    except ValueError as error:
-        raise hf.error(str(error)) from None
+    return _config(
+        hf,
+        metadata,
+        source,
+        vocab,
+        pad_is_eos=False,
+        norm_type="rmsnorm",
+        position="rope",
+        rope_local_theta=10_000.0,
+        activation="geglu",
+        gelu_approximation="tanh",
+        bias=False,
+        tie_embeddings=True,
+        scale_embeddings=True,
+        qk_norm=True,
+        sandwich_norms=True,
+        attention="window",
+        global_every=6,
+        **sizes,
+    )
 
 
 def gpt2_config_from_gguf(
@@ -186,21 +191,14 @@ def gpt2_config_from_gguf(
     vocab = vocab_size if vocab_size is not None else hf.get_int("gpt2.vocab_size")
     hf.ignore("gpt2.vocab_size")
     hf.check_unknown()
-    bos, eos, pad = _special_ids(metadata, vocab)
-    try:
-        return ModelConfig(
-            vocab_size=vocab,
-            dropout=0.0,
-            pad_id=pad if pad is not None else eos if eos is not None else 0,
-            bos_id=bos,
-            eos_id=eos,
-            norm="pre",
-            position="learned",
-            activation="gelu",
-            gelu_approximation="tanh",
-            tie_embeddings=tied,
-            **sizes,
-            extra={"source": "gguf", "file": Path(source).name},
-        )
-    except ValueError as error:
-        raise hf.error(str(error)) from None
+    return _config(
+        hf,
+        metadata,
+        source,
+        vocab,
+        position="learned",
+        activation="gelu",
+        gelu_approximation="tanh",
+        tie_embeddings=tied,
+        **sizes,
+    )

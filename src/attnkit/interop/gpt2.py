@@ -233,13 +233,16 @@ def gpt2_from_gguf_tensors(
     expected = dict(model.state_dict())
     if cfg.tie_embeddings:
         del expected["lm_head.weight"]
+    top = {mine: theirs for theirs, mine in GGUF_NAMES.items()}
+    layer = {mine: theirs for theirs, mine in GGUF_LAYER_NAMES.items()}
     ours = {}
     for name, target in expected.items():
         stem, _, part = name.rpartition(".")
-        theirs = next((k for k, v in GGUF_NAMES.items() if v == stem), None)
         if stem.startswith("decoder.layers."):
             i, _, rest = stem.removeprefix("decoder.layers.").partition(".")
-            theirs = next(f"blk.{i}.{k}" for k, v in GGUF_LAYER_NAMES.items() if v == rest)
+            theirs = f"blk.{i}.{layer[rest]}"
+        else:
+            theirs = top[stem]
         ours[name] = tensors.take(f"{theirs}.{part}", tuple(target.shape))
     if cfg.tie_embeddings:
         ours["lm_head.weight"] = ours["embeddings.tokens.weight"]

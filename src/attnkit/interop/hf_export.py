@@ -65,7 +65,6 @@ _ENCODER = {
     "n_experts": 0,
     "qk_norm": False,
     "sandwich_norms": False,
-    "scale_embeddings": False,
     "position": "learned",
     "norm_type": "layernorm",
     "bias": True,
@@ -79,6 +78,7 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
             "position": "learned",
             "norm": "pre",
             "norm_type": "layernorm",
+            "activation": "gelu",
             "bias": True,
             "head_dim": None,
         },
@@ -94,12 +94,18 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
             "bias": False,
         },
     ),
-    "bert": ("BERT", {**_ENCODER, "norm": "post", "embedding_norm": True}),
-    "xlm-roberta-xl": ("XLM-RoBERTa-XL", {**_ENCODER, "norm": "pre", "embedding_norm": False}),
+    "bert": (
+        "BERT",
+        {**_ENCODER, "norm": "post", "embedding_norm": True, "scale_embeddings": False},
+    ),
+    "xlm-roberta-xl": (
+        "XLM-RoBERTa-XL",
+        {**_ENCODER, "norm": "pre", "embedding_norm": False, "scale_embeddings": False},
+    ),
     "marian": (
         "Marian",
         {
-            **{k: v for k, v in _ENCODER.items() if k != "scale_embeddings"},
+            **_ENCODER,  # scale_embeddings: Marian's scale_embedding
             "position": "sinusoidal",
             "norm": "post",
             "embedding_norm": False,
@@ -162,8 +168,6 @@ def hf_layout(model: nn.Module) -> str:
         raise refuse("n_kv_heads", cfg.n_kv_heads, name, "grouped-query attention: Llama has it")
     if layout != "llama" and (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
         raise refuse("activation", cfg.activation, name, "it takes 'relu' or 'gelu'")
-    if layout == "gpt2" and cfg.activation != "gelu":
-        raise refuse("activation", cfg.activation, name, "GPT-2 takes 'gelu'")
     return layout
 
 
