@@ -122,6 +122,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         *,
         bias: bool = True,
+        qkv_bias: bool | None = None,
         dropout: float = 0.0,
         rope: RotaryEmbedding | None = None,
         alibi: ALiBi | None = None,
@@ -142,7 +143,8 @@ class MultiHeadAttention(nn.Module):
         backend = BACKENDS[attention]
         self.backend = partial(backend, window=window) if attention == "window" else backend
         self.attn_implementation = attn_implementation  # by name: backends.ATTENTION
-        self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=bias)
+        in_bias = bias if qkv_bias is None else qkv_bias  # Qwen2: on q, k and v alone
+        self.in_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.d_head, bias=in_bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         # QK-norm (Gemma 3): each query and key head RMS-normalised before RoPE
         self.q_norm = self.k_norm = None
@@ -434,5 +436,5 @@ def _check_module(
         raise ValueError(f"{where}: use rope or alibi, not both")
     if alibi is not None and alibi.n_heads != n_heads:
         raise ValueError(f"{where}: alibi has {alibi.n_heads} slopes, expected n_heads={n_heads}")
-    if rope is not None and rope.dim != width:
-        raise ValueError(f"{where}: rope.dim={rope.dim} must equal d_head={width}")
+    if rope is not None and rope.dim > width:
+        raise ValueError(f"{where}: rope.dim={rope.dim} must be at most d_head={width}")

@@ -26,6 +26,12 @@ POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GELU_APPROXIMATIONS = ("none", "tanh")
 ATTENTIONS = ("full", "window", "linear")
+# RoPE scalings (position.rope_frequencies computes them) -> the numbers each needs
+ROPE_SCALINGS = {
+    "linear": ("factor",),  # every frequency divided by factor
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "frequencies": ("factors",),  # one divisor per frequency (a GGUF file's rope_freqs)
+}
 
 
 @dataclass
@@ -62,6 +68,7 @@ class ModelConfig:
     activation: str = "gelu"
     gelu_approximation: str = "none"
     bias: bool = True
+    qkv_bias: bool = False  # biases on the query, key and value projections alone (Qwen2)
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper)
     embedding_norm: bool = False  # a norm right after the embeddings (BERT)
@@ -75,6 +82,8 @@ class ModelConfig:
     sandwich_norms: bool = False  # Pre-LN plus a norm on each sublayer's output (Gemma 2, 3)
     global_every: int = 0  # with attention="window": every k-th layer attends fully (Gemma 3)
     rope_local_theta: float | None = None  # RoPE base of the window layers (None: rope_theta)
+    rotary_dim: int | None = None  # RoPE on each head's first rotary_dim dimensions (Phi-3)
+    rope_scaling: dict[str, Any] | None = None  # position.ROPE_SCALINGS: longer contexts
     n_experts: int = 0  # 0 = a dense FFN
     moe_top_k: int = 2
     label_smoothing: float = 0.0  # recorded for training (the paper: 0.1)
@@ -131,6 +140,17 @@ class ModelConfig:
             )
         if self.position == "rope" and not self.rope_theta > 1:
             raise ValueError(f"ModelConfig.rope_theta must be > 1, got {self.rope_theta!r}")
+        if self.rotary_dim is not None:
+            checks.positive_int("ModelConfig.rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2 or self.rotary_dim > self.d_head or self.position != "rope":
+                raise ValueError(
+                    f"ModelConfig.rotary_dim must be even, at most d_head={self.d_head} and "
+                    f"with position='rope', got {self.rotary_dim} with {self.position!r}"
+                )
+        if self.rope_scaling is not None:
+            self._check_rope_scaling()
+        if not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"ModelConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if value is None and name != "pad_id":
@@ -162,6 +182,26 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig: moe_top_k={self.moe_top_k} exceeds n_experts={self.n_experts}"
                 )
+
+    def _check_rope_scaling(self) -> None:
+        scaling, where = self.rope_scaling, "ModelConfig.rope_scaling"
+        kind = scaling.get("rope_type") if isinstance(scaling, dict) else None
+        if kind not in ROPE_SCALINGS:
+            raise ValueError(
+                f"{where}: rope_type {kind!r} is not implemented; attnkit implements "
+                f"{sorted(ROPE_SCALINGS)} (docs/MODELS.md)"
+            )
+        if sorted(scaling) != sorted(["rope_type", *ROPE_SCALINGS[kind]]):
+            raise ValueError(f"{where}: {kind!r} takes {list(ROPE_SCALINGS[kind])}, got {scaling}")
+        if kind == "frequencies":
+            factors, n = scaling["factors"], (self.rotary_dim or self.d_head) // 2
+            if not (isinstance(factors, list) and len(factors) == n and all(
+                isinstance(f, int | float) and f > 0 for f in factors
+            )):  # fmt: skip
+                raise ValueError(f"{where}: factors must be {n} numbers > 0, got {factors!r}")
+        elif not all(isinstance(scaling[k], int | float) and scaling[k] > 0 for k in scaling
+                     if k != "rope_type"):  # fmt: skip
+            raise ValueError(f"{where}: every value must be a number > 0, got {scaling}")
 
     @property
     def d_head(self) -> int:

@@ -97,7 +97,7 @@ def _attention(cfg: ModelConfig, positional: bool = True, layer: int = 0) -> Mul
     attention, window, theta = cfg.layer_attention(layer)
     rope = alibi = None
     if positional and cfg.position == "rope":
-        rope = RotaryEmbedding(cfg.d_head, base=theta)
+        rope = RotaryEmbedding(cfg.rotary_dim or cfg.d_head, base=theta, scaling=cfg.rope_scaling)
     if positional and cfg.position == "alibi":
         alibi = ALiBi(cfg.n_heads)
     return MultiHeadAttention(
@@ -105,6 +105,7 @@ def _attention(cfg: ModelConfig, positional: bool = True, layer: int = 0) -> Mul
         cfg.n_heads,
         cfg.n_kv_heads,
         bias=cfg.bias,
+        qkv_bias=cfg.bias or cfg.qkv_bias,
         dropout=cfg.attention_dropout,
         rope=rope,
         alibi=alibi,

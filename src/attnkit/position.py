@@ -29,6 +29,7 @@ __all__ = [
     "SinusoidalPositions",
     "alibi_slopes",
     "positions_from_mask",
+    "rope_frequencies",
     "sinusoidal_table",
 ]
 
@@ -142,9 +143,13 @@ class RotaryEmbedding(nn.Module):
     where ``rotate_half([x1, x2]) = [-x2, x1]`` pairs dimension i with dimension i + d/2 (the
     Hugging Face / Llama layout). Rotations compose, so
     ``rope(q, m) . rope(k, n) = q . R(n - m) k``: the score depends only on the offset n - m.
+
+    ``dim`` may be less than the heads' width (Phi-3's partial rotary): the first ``dim``
+    dimensions of each head turn, the rest pass through. ``scaling`` stretches the long
+    wavelengths for contexts longer than training's (:func:`rope_frequencies`).
     """
 
-    def __init__(self, dim: int, *, base: float = 10000.0) -> None:
+    def __init__(self, dim: int, *, base: float = 10000.0, scaling: dict | None = None) -> None:
         super().__init__()
         checks.positive_int("RotaryEmbedding: dim", dim)
         if dim % 2:
@@ -153,14 +158,13 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: base (rope_theta) must be > 1, got {base!r}")
         self.dim = dim
         self.base = float(base)
+        self.scaling = scaling
         self.register_buffer("inv_freq", None, persistent=False)  # (d / 2,)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        """Compute the frequencies ``base ** (-2i / d)`` (again, for a model built on the meta
-        device, then loaded)."""
-        steps = torch.arange(0, self.dim, 2, dtype=torch.float32)
-        self.inv_freq = 1.0 / (self.base ** (steps / self.dim))
+        """Compute the frequencies (again, for a model built on the meta device, then loaded)."""
+        self.inv_freq = rope_frequencies(self.dim, self.base, self.scaling)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin of the rotation angles, each (B, 1, N, d) for positions (B, N)."""
@@ -176,9 +180,9 @@ class RotaryEmbedding(nn.Module):
         """Rotate each of xs (B, H, N, d), q and k for instance, by the same positions (B, N)
         or (N,): the angles' cos and sin are computed once for all of them."""
         for x in xs:
-            if x.shape[-1] != self.dim:
+            if x.shape[-1] < self.dim:
                 raise ValueError(
-                    f"RotaryEmbedding: expected last dimension {self.dim}, got {tuple(x.shape)}"
+                    f"RotaryEmbedding: expected last dimension >= {self.dim}, got {tuple(x.shape)}"
                 )
         _check_positions("RotaryEmbedding", positions)
         if positions.dim() == 1:
@@ -191,8 +195,47 @@ def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x * cos + rotate_half(x) * sin, in float32 at least (cos and sin are float32)."""
     if x.dtype in (torch.float16, torch.bfloat16):  # rotate in float32, then back
         return _rotated(x.float(), cos, sin).to(x.dtype)
+    d = cos.shape[-1]
+    if x.shape[-1] > d:  # partial rotary: the rest of each head passes through
+        return torch.cat([_rotated(x[..., :d], cos, sin), x[..., d:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # rotate_half(x) = [-x2, x1]
+
+
+def rope_frequencies(dim: int, base: float, scaling: dict | None = None) -> Tensor:
+    """RoPE's inverse frequencies ``theta_i = base^(-2i / d)``, i < d/2, each divided by the
+    factor ``scaling`` gives it (``ModelConfig.rope_scaling``; config.ROPE_SCALINGS):
+
+    - ``linear``: every frequency by ``factor`` (position interpolation);
+    - ``llama3`` (Llama 3.1, 3.2): wavelengths ``2 pi / theta`` longer than the original context
+      ``L / low_freq_factor`` by ``factor``, those shorter than ``L / high_freq_factor`` by 1,
+      and between them ``1 / ((1 - s) / factor + s)``, ``s = (L / wavelength - low) / (high -
+      low)``, as llama.cpp's converter writes them into a GGUF file's ``rope_freqs``;
+    - ``frequencies``: the list of factors itself (a GGUF file's ``rope_freqs``).
+    """
+    steps = torch.arange(0, dim, 2, dtype=torch.float32)
+    inv_freq = 1.0 / (base ** (steps / dim))  # (d / 2,)
+    if scaling is None:
+        return inv_freq
+    kind = scaling["rope_type"]
+    if kind == "linear":
+        factors = [float(scaling["factor"])] * len(inv_freq)
+    elif kind == "llama3":
+        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor"))
+        context = scaling["original_max_position_embeddings"]
+        factors = []
+        for theta in inv_freq.tolist():
+            wavelength = 2 * math.pi / theta
+            if wavelength < context / high:
+                factors.append(1.0)
+            elif wavelength > context / low:
+                factors.append(float(factor))
+            else:
+                s = (context / wavelength - low) / (high - low)
+                factors.append(1 / ((1 - s) / factor + s))
+    else:  # "frequencies"
+        factors = [float(f) for f in scaling["factors"]]
+    return inv_freq / torch.tensor(factors, dtype=torch.float32)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

@@ -3,9 +3,9 @@
  * parallel region (attnkit/accel/packed_step.py). Llama (Pre-LN, RMSNorm, RoPE, grouped-query
  * attention, SwiGLU, no biases), and Gemma 3 where the layer names its differences (QK-norm,
  * sandwich norms, GeGLU, a sliding window over a ring of cached keys, heads wider than
- * d_model / H):
+ * d_model / H), Qwen2's biases on q, k and v, and Phi-3's RoPE over part of each head:
  *
- *   h = RMSNorm_1(x);  q, k, v = h W_in (split);  q, k = RMSNorm_q(q), RMSNorm_k(k)  (QK-norm)
+ *   h = RMSNorm_1(x);  q, k, v = h W_in [+ b_in] (split);  q, k = RMSNorm_q(q), RMSNorm_k(k)
  *   q, k = RoPE(q, k, position);  cache[slot] = k, v   (slot: index, or index % window)
  *   a = softmax(q K^T / sqrt(d_head) + mask) V   (each query head reads the key head it shares)
  *   x = x + [RMSNorm_a](a W_out)
@@ -34,15 +34,17 @@
 #include "packed.h"
 #include "structs.h"
 
-/* RoPE, the half-split layout: pair i with i + d/2, rotated by cos_sin (cos, then sin). */
-static void rope(const float *x, float *out, int d, const float *cos_sin) {
-    const int half = d / 2;
+/* RoPE, the half-split layout over a head's first `rot` of its d dimensions: pair i with
+ * i + rot/2, rotated by cos_sin (cos, then sin); the rest passes through (partial rotary). */
+static void rope(const float *x, float *out, int d, int rot, const float *cos_sin) {
+    const int half = rot / 2;
     for (int i = 0; i < half; i++) {
         const float c = cos_sin[i], s = cos_sin[half + i];
         const float a = x[i], b = x[i + half];
         out[i] = a * c - b * s;
         out[i + half] = b * c + a * s;
     }
+    for (int i = rot; i < d; i++) out[i] = x[i];
 }
 
 /* y (rows, N) = or += x (rows, K) W^T for float32 weights, inside a parallel region: kind 16,
@@ -232,7 +234,7 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
                           float *scratch) {
     const int D = L->d_model, H = L->n_heads, Hkv = L->n_kv_heads, dh = L->d_head, F = L->d_ff;
     const int A = H * dh, Nqkv = (H + 2 * Hkv) * dh, groups = H / Hkv, T = c->tokens;
-    const int ring = L->window > 0, length = C->length;
+    const int ring = L->window > 0, length = C->length, rot = L->rotary_dim;
     const int M = ring ? L->window : length + T; /* key slots a query may walk */
     int tiles = 0, blocks = 0;
     layer_inputs(L, &tiles, &blocks);
@@ -243,10 +245,15 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         rms_norm_fixed(x + (size_t)r * D, L->norm1, s.h + (size_t)r * D, 1, D, L->eps);
         PREPARE_ROW(s.h, D, r);
         float *cs = s.angles + (size_t)r * dh;
-        for (int i = 0; i < dh / 2; i++)
-            cos_sin_fixed((float)c->positions[r] * L->inv_freq[i], cs + i, cs + dh / 2 + i);
+        for (int i = 0; i < rot / 2; i++)
+            cos_sin_fixed((float)c->positions[r] * L->inv_freq[i], cs + i, cs + rot / 2 + i);
     }
     PRODUCT(0, s.h, s.qkv, Nqkv, D, 0);
+    if (L->in_bias != NULL) { /* q, k and v's biases (Qwen2), added after the product */
+#pragma omp for schedule(static)
+        for (int r = 0; r < c->rows; r++)
+            for (int e = 0; e < Nqkv; e++) s.qkv[(size_t)r * Nqkv + e] += L->in_bias[e];
+    }
     /* the new keys, normalised and rotated, and values */
 #pragma omp for schedule(static)
     for (int item = 0; item < c->rows * Hkv; item++) {
@@ -254,7 +261,7 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         const float *k = s.qkv + (size_t)r * Nqkv + A + (size_t)g * dh;
         float normed[dh];
         if (L->k_norm != NULL) rms_norm_fixed(k, L->k_norm, normed, 1, dh, L->qk_eps);
-        rope(L->k_norm != NULL ? normed : k, s.new_k + (size_t)item * dh, dh,
+        rope(L->k_norm != NULL ? normed : k, s.new_k + (size_t)item * dh, dh, rot,
              s.angles + (size_t)r * dh);
         memcpy(s.new_v + (size_t)item * dh, k + (size_t)Hkv * dh, sizeof(float) * dh);
     }
@@ -268,7 +275,7 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         float *o = s.attn + (size_t)r * A + (size_t)head * dh;
         const float *raw = s.qkv + (size_t)r * Nqkv + (size_t)head * dh, *k, *v;
         if (L->q_norm != NULL) rms_norm_fixed(raw, L->q_norm, normed, 1, dh, L->qk_eps);
-        rope(L->q_norm != NULL ? normed : raw, q, dh, s.angles + (size_t)r * dh);
+        rope(L->q_norm != NULL ? normed : raw, q, dh, rot, s.angles + (size_t)r * dh);
         /* scores; a slot not attended to scores below exp's range, so its weight is 0 */
         float top = -INFINITY;
         for (int j = 0; j < slots; j++) {

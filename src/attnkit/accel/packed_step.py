@@ -13,10 +13,11 @@ the same arithmetic for every layer and the final norm in one call into ``llama_
     x = x + softmax(q K^T / sqrt(d_head) + mask) V W_out
     x = x + (SiLU(RMSNorm_2(x) W_gate) * (RMSNorm_2(x) W_up)) W_down
 
-and Gemma 3's differences where the config names them: q and k RMS-normalised per head before
-RoPE (``qk_norm``), a norm on each sublayer's output before its residual add
-(``sandwich_norms``), GeGLU with tanh's GELU, heads wider than ``d_model / n_heads``, and
-sliding-window layers whose ``RollingKVCache`` ring the C call writes and reads.
+and the differences of Gemma 3, Qwen and Phi-3 where the config names them: q and k
+RMS-normalised per head before RoPE (``qk_norm``), a norm on each sublayer's output before its
+residual add (``sandwich_norms``), GeGLU with tanh's GELU, heads wider than
+``d_model / n_heads``, sliding-window layers whose ``RollingKVCache`` ring the C call writes and
+reads, biases on q, k and v (``qkv_bias``), and RoPE over part of each head (``rotary_dim``).
 
 **One answer per token.** A call takes B sequences and T new tokens of each: a prompt runs in
 chunks of ``MAX_ROWS`` tokens, a decoding step is T = 1, a server's batch is B rows. A token's
@@ -76,6 +77,7 @@ def why_not(model: nn.Module) -> str | None:
     if not hasattr(model, "lm_head"):
         return "not a decoder-only language model"
     wanted = dict(norm="pre", norm_type="rmsnorm", position="rope", bias=False, n_experts=0)
+    # (bias: on every product; qkv_bias, on W_in alone, the C step adds)
     for name, value in wanted.items():
         if getattr(cfg, name) != value:
             return f"cfg.{name} is {getattr(cfg, name)!r}, the C step needs {value!r}"
@@ -89,6 +91,8 @@ def why_not(model: nn.Module) -> str | None:
         products = _products(layer)
         if not all(_weights(p) is not None for p in products):
             return "a layer's products are neither packed nor float32 linear layers"
+        if any(p.bias is not None for p in products[1:]):
+            return "a layer's products other than W_in have biases"
         if not any(isinstance(p, PackedLinear) for p in products):
             return "a layer has no packed products"
         if layer.parts().cross_attention is not None:
@@ -125,6 +129,7 @@ def _floats(block: DecoderLayer) -> list[Tensor]:
     attention = parts.attention
     norms = [attention.q_norm, attention.k_norm, parts.attention_out_norm, parts.ffn_out_norm]
     found = [parts.attention_norm.weight, parts.ffn_norm.weight, attention.rope.inv_freq]
+    found += [] if attention.in_proj.bias is None else [attention.in_proj.bias]
     return found + [n.weight for n in norms if n is not None]
 
 
@@ -141,7 +146,7 @@ def _weights(product: nn.Module) -> Tensor | None:
     float32 linear layer's weight storage; None for anything else."""
     if isinstance(product, PackedLinear):
         return product.tiles if product.integer else product.blocks
-    if type(product) is nn.Linear and product.bias is None:
+    if type(product) is nn.Linear:
         w = product.weight
         if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2:
             if w.is_contiguous():
@@ -184,6 +189,8 @@ def _layer(block: DecoderLayer, cfg) -> LlamaLayer:
         ffn_out_norm=_address(parts.ffn_out_norm),
         activation=_ACTIVATIONS[ffn.activation],
         window=_window(block),
+        in_bias=None if attention.in_proj.bias is None else attention.in_proj.bias.data_ptr(),
+        rotary_dim=attention.rope.dim,
     )
 
 

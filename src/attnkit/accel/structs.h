@@ -43,7 +43,7 @@
     FIELD(float, scale, )         /* the scores' factor, 1 / sqrt(d_head) */               \
     FIELD(const float *, norm1, ) /* RMSNorm gains (d_model) before attention */           \
     FIELD(const float *, norm2, ) /* ... and before the feed-forward network */           \
-    FIELD(const float *, inv_freq, ) /* RoPE's inverse frequencies (d_head / 2) */         \
+    FIELD(const float *, inv_freq, ) /* RoPE's inverse frequencies (rotary_dim / 2) */     \
     FIELD(int, kind, [5])         /* in, out, gate, up, down: 0 Q8_0 1 Q4_0 2 Q4_1 3 Q4_K \
                                      4 Q6_K 5 Q5_K, 8-13 tiles, 16 float32 (N, K), 17 (K, N) */ \
     FIELD(const uint8_t *, weight, [5])                                                    \
@@ -53,7 +53,9 @@
     FIELD(const float *, attn_out_norm, ) /* sandwich norms' gains (d_model), or NULL */    \
     FIELD(const float *, ffn_out_norm, )                                                    \
     FIELD(int, activation, )      /* 0 SwiGLU, 1 GeGLU (GELU with tanh) */                 \
-    FIELD(int, window, )          /* 0: a KVCache; w: a ring of the last w positions */
+    FIELD(int, window, )          /* 0: a KVCache; w: a ring of the last w positions */      \
+    FIELD(const float *, in_bias, ) /* W_in's bias (Qwen2: q, k, v), or NULL */              \
+    FIELD(int, rotary_dim, )      /* RoPE turns each head's first rotary_dim dimensions */
 
 /* One layer's cache for packed_llama_forward: a KVCache, or a RollingKVCache ring (valid set). */
 #define ATTNKIT_LLAMA_CACHE(FIELD)                                                           \
