@@ -27,7 +27,7 @@ import transformers
 
 import attnkit as ak
 from attnkit import accel
-from attnkit.interop import gpt2_to_hf
+from attnkit.interop import to_hf
 from common import save_results
 
 
@@ -37,7 +37,7 @@ def build(seed: int = 0):
     cfg = ak.ModelConfig.preset("lm-small", max_len=512, eos_id=None, bos_id=None)
     torch.manual_seed(seed)
     ours = ak.DecoderLM(cfg).eval()
-    hf_config, state = gpt2_to_hf(ours)
+    hf_config, state = to_hf(ours)
     config = transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
     ref = transformers.GPT2LMHeadModel(config).eval()
     ref.load_state_dict(state, strict=False)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnkit.interop.gguf import dequantize_blocks, read_gguf
+from attnkit.interop.gguf import dequantize_tensor, read_gguf
 from common import cpu_description
 
 KERNEL = r"""
@@ -118,7 +118,7 @@ def main() -> None:
     shapes = [tuple(int(n) for n in reversed(t.shape.tolist())) for t in tensors]
     packed = [torch.from_numpy(np.array(t.data)) for t in tensors]
     pairs = zip(tensors, shapes, strict=True)
-    floats = [dequantize_blocks(t.data, "Q4_1").reshape(s) for t, s in pairs]
+    floats = [dequantize_tensor(t, str(path)).reshape(s) for t, s in pairs]
     xs = [torch.randn(k) for _, k in shapes]
     ys = [torch.empty(n) for n, _ in shapes]
     q_bytes = sum(p.numel() for p in packed)

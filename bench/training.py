@@ -5,7 +5,7 @@ Two fixed configurations (bench/history/ lists every size):
 - ``lm-small``: attnkit's DecoderLM (preset "lm-small": vocab 8192, d_model 256, 8 heads,
   4 layers, d_ff 1024, 256 positions, Pre-LN, GELU, tied embeddings, no dropout), batch 8 x 256
   tokens, against Hugging Face ``GPT2LMHeadModel`` (sdpa attention, given attnkit's weights
-  through ``interop.gpt2_to_hf``) and x-transformers' ``TransformerWrapper(Decoder)`` of the same
+  through ``interop.to_hf``) and x-transformers' ``TransformerWrapper(Decoder)`` of the same
   sizes; in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 - ``mt-small``: attnkit's Transformer (preset "mt-small": 3 + 3 Post-LN layers, ReLU,
   sinusoidal positions, three-way tying), batch 32, source and target 64 tokens, about 10%

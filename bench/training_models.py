@@ -17,7 +17,7 @@ from x_transformers import Decoder, TransformerWrapper
 
 import attnkit as ak
 from attnkit import accel
-from attnkit.interop import gpt2_to_hf
+from attnkit.interop import to_hf
 from common import SEED, training_levers
 
 transformers.logging.set_verbosity_error()
@@ -104,7 +104,7 @@ def lm_models() -> dict[str, nn.Module]:
 
     ours = attnkit()
     variants = {name: attnkit() for name in VARIANTS if name != "attnkit"}
-    hf_config, state = gpt2_to_hf(ours)
+    hf_config, state = to_hf(ours)
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(**hf_config, attn_implementation="sdpa")
     )

@@ -205,7 +205,9 @@ BERT_CONFIGS = [
         {"model_type": "t5"},
         r"model type 't5' is not supported; "
         r"attnkit reads Hugging Face directories of "
-        r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'roberta', 'xlm-roberta'\]",
+        r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', "
+        r"'roberta', 'xlm-roberta'\], GGUF files of \['gemma3', 'gpt2', 'llama', 'phi3', "
+        r"'qwen2', 'qwen3'\]",
     ),
 ]
 
@@ -219,27 +221,33 @@ def test_bad_bert_configs(tmp_path, bert_dir, changes, message):
 
 LLAMA_CONFIGS = [
     (
-        {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
-        r"rope_type='llama3' is not supported: RoPE scaling",
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
+        r"rope_type='yarn': this RoPE scaling is not implemented in attnkit \(it implements "
+        r"\['linear', 'llama3'\]; docs/MODELS.md\)",
     ),
     (
-        {"rope_parameters": ..., "rope_scaling": {"type": "linear", "factor": 2.0}},
-        r"rope_scaling=.* RoPE scaling is not implemented",
+        {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
+        r"rope_parameters: the field 'low_freq_factor' is missing",
+    ),
+    (
+        {"rope_parameters": ..., "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        r"rope_type='dynamic': this RoPE scaling is not implemented",
     ),
     (
         {"attention_bias": True},
         r"attention_bias=True is not supported by attnkit \(expected False\)",
     ),
     ({"mlp_bias": True}, r"mlp_bias=True is not supported"),
-    ({"head_dim": 16}, r"head_dim=16 differs from hidden_size / num_attention_heads = 8"),
+    ({"head_dim": 16}, r"q_proj.weight' has shape \(32, 32\), expected \(64, 32\) from config"),
     ({"hidden_act": "gelu"}, r"hidden_act='gelu' is not supported by attnkit \(expected 'silu'\)"),
-    ({"num_key_value_heads": 3}, r"num_key_value_heads=3 must divide num_attention_heads=4"),
+    ({"num_key_value_heads": 3}, r"n_heads=4 must be a multiple of n_kv_heads=3"),
     ({"rms_norm_eps": "1e-5"}, r"rms_norm_eps must be a number >= 0.0, got '1e-5' \(str\)"),
     (
         {"architectures": ["LlamaForSequenceClassification"]},
         r"Llama architecture \['LlamaForSequenceClassification'\] is not supported",
     ),
-    ({"sliding_window": 4096}, r"unknown field\(s\) \['sliding_window'\]"),
+    ({"sliding_window": 4096}, r"attention='window' is not supported for Llama"),
+    ({"partial_rotary_factor": 0.5}, r"rotary_dim=4 is not supported for Llama"),
 ]
 
 

@@ -6,8 +6,7 @@ import torch
 import transformers
 
 import attnkit as ak
-from attnkit.interop import gpt2_from_hf_state_dict, gpt2_to_hf
-from attnkit.interop.gpt2 import gpt2_config_from_hf
+from attnkit.interop import from_hf, to_hf
 from ties import greedy_ties
 
 
@@ -31,7 +30,7 @@ def _pair(gelu="tanh", seed=0):
             p.normal_(std=0.2 if p.dim() > 1 else 0.05)
             if "norm" in name and name.endswith("weight"):
                 p.add_(1.0)
-    hf_config, state = gpt2_to_hf(ours)
+    hf_config, state = to_hf(ours)
     config = transformers.GPT2Config(**hf_config, attn_implementation="eager")
     ref = transformers.GPT2LMHeadModel(config).eval()
     missing, unexpected = ref.load_state_dict(state, strict=False)
@@ -84,7 +83,7 @@ def test_greedy_continuations_match_gpt2_generate():
 
 def test_weights_round_trip_through_the_gpt2_layout():
     ours, _ = _pair()
-    hf_config, state = gpt2_to_hf(ours)
-    back = gpt2_from_hf_state_dict(gpt2_config_from_hf(hf_config), state)
+    hf_config, state = to_hf(ours)
+    back = from_hf(hf_config, state)
     for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b), name

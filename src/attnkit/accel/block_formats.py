@@ -15,26 +15,32 @@ A GGUF file's K-quants (super-blocks of 256 weights under float16 factors) are r
 into those 32-weight blocks with float32 scales, which are exact, and Q5_0 into Q8_0
 (``repack_q5_0``). :func:`dequantize` is the reference: bit for bit ``gguf.quants``.
 :mod:`attnkit.accel.packed` multiplies the blocks.
+
+:data:`QUANT_TYPES` is the one table of GGML tensor types: each type's id and blocks in a file,
+the kernel kind that multiplies it packed (and the repacking on the way), the bytes the kernels
+keep a block of 32 weights in (``packed.h`` defines the same; a test compares them), and
+whether ``attnkit export`` writes it. The GGUF loader, the exporter, the packed layers and
+``attnkit info`` read it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "BLOCK_BYTES",
+    "QUANT_TYPES",
+    "QuantType",
     "dequantize",
     "repack_q4_k",
     "repack_q5_0",
     "repack_q5_k",
     "repack_q6_k",
 ]
-
-# bytes per block of 32 weights (the K-quants: as repack_q4_k, repack_q5_k, repack_q6_k keep them)
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 24, "Q6_K": 40, "Q5_K": 40}
-Q4_K_BYTES = 144  # a GGUF Q4_K super-block: 256 weights
-Q5_K_BYTES = 176  # a GGUF Q5_K super-block: 256 weights
 
 
 def _halves(blocks: Tensor, at: int) -> Tensor:
@@ -81,7 +87,7 @@ def repack_q4_k(data: Tensor) -> Tensor:
     block of its own, float32 ``d sc`` and ``-(dmin m)`` (both products are exact in float32)
     and its 16 bytes of nibbles in Q4_1's order, so the kernel reads it as it reads Q4_1."""
     rows = data.shape[0]
-    blocks = data.reshape(-1, Q4_K_BYTES)  # (S, 144)
+    blocks = data.reshape(-1, QUANT_TYPES["Q4_K"].bytes)  # (S, 144)
     scale, minimum = _k_scales(blocks)  # (S, 8) each
     qs = blocks[:, 16:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
     q = torch.stack([qs & 15, qs >> 4], dim=2).reshape(-1, 8, 32)  # (S, 8 groups, 32)
@@ -112,7 +118,7 @@ def repack_q5_k(data: Tensor) -> Tensor:
     group becomes a block of its own: float32 ``d sc`` and ``-(dmin m)`` and its 32 integers q
     (0..31) a byte each, so ``w = d q + m`` rounds once, as ``gguf.quants`` computes it."""
     rows = data.shape[0]
-    blocks = data.reshape(-1, Q5_K_BYTES)  # (S, 176)
+    blocks = data.reshape(-1, QUANT_TYPES["Q5_K"].bytes)  # (S, 176)
     scale, minimum = _k_scales(blocks)  # (S, 8) each
     high = blocks[:, None, 16:48] >> torch.arange(8, dtype=torch.uint8)[:, None]  # (S, 8, 32)
     qs = blocks[:, 48:].reshape(-1, 4, 32)  # low nibbles: group 2c, high nibbles: group 2c + 1
@@ -130,16 +136,13 @@ def repack_q5_0(data: Tensor) -> Tensor:
     int8 and the same d: the values are the same bit for bit, in 34 bytes instead of 22, and
     the kernels read them as they read Q8_0."""
     rows = data.shape[0]
-    blocks = data.reshape(-1, 22)  # (B, 22)
+    blocks = data.reshape(-1, QUANT_TYPES["Q5_0"].bytes)  # (B, 22)
     high = blocks[:, 2:6, None] >> torch.arange(8, dtype=torch.uint8)  # weight j: byte j // 8
     bits = (high & 1).reshape(-1, 32)  # (B, 32): weight j's 5th bit (bit j % 8 of its byte)
     qs = blocks[:, 6:]
     low = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # (B, 32)
     q = (low | (bits << 4)) - 16  # q - 16 in -16..15, as uint8 wraps: the int8's bytes
     return torch.cat([blocks[:, :2], q], dim=1).reshape(rows, -1)
-
-
-Q6_K_BYTES = 210  # a GGUF Q6_K super-block: 256 weights
 
 
 def repack_q6_k(data: Tensor) -> Tensor:
@@ -152,7 +155,7 @@ def repack_q6_k(data: Tensor) -> Tensor:
     last 16 weights (exact products) and its 32 ``q - 32`` as int8, so that ``d_a q`` rounds
     once, as ``gguf.quants`` computes it."""
     rows = data.shape[0]
-    blocks = data.reshape(-1, Q6_K_BYTES)  # (S, 210)
+    blocks = data.reshape(-1, QUANT_TYPES["Q6_K"].bytes)  # (S, 210)
     n = len(blocks)
     ql, qh = blocks[:, :128], blocks[:, 128:192]
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float()  # (S, 16)
@@ -163,3 +166,37 @@ def repack_q6_k(data: Tensor) -> Tensor:
     halves = (d * scales).reshape(n, 8, 2)  # each 16 weights' d * scale, exact in float32
     parts = [halves[..., i : i + 1].contiguous().view(torch.uint8) for i in (0, 1)]  # (S, 8, 4)
     return torch.cat([*parts, q.view(torch.uint8)], dim=-1).reshape(rows, -1)  # (rows, 8 * 40)
+
+
+class QuantType(NamedTuple):
+    """One GGML tensor type, as a GGUF file stores it and as attnkit keeps it."""
+
+    ggml: int  # gguf.GGMLQuantizationType's value
+    block: int  # weights per block in a file
+    bytes: int  # bytes per block in a file
+    kernel: str | None = None  # the kernel kind that multiplies it packed (None: float32)
+    kept: int | None = None  # a kernel kind's bytes per block of 32 weights (packed.h's)
+    repack: Callable[[Tensor], Tensor] | None = None  # the file's rows -> the kernel's
+    written: bool = False  # attnkit export writes it (quantized by gguf.quants)
+
+
+# fmt: off
+QUANT_TYPES: dict[str, QuantType] = {
+    #               GGML weights bytes  kernel  kept  repack        written
+    "F32":  QuantType(0,   1,   4,   None,   None, None,         True),
+    "F16":  QuantType(1,   1,   2,   None,   None, None,         True),
+    "BF16": QuantType(30,  1,   2,   None,   None, None,         True),
+    "Q4_0": QuantType(2,   32,  18,  "Q4_0", 18,   None,         True),
+    "Q4_1": QuantType(3,   32,  20,  "Q4_1", 20,   None,         True),
+    "Q5_0": QuantType(6,   32,  22,  "Q8_0", None, repack_q5_0),
+    "Q5_1": QuantType(7,   32,  24),
+    "Q8_0": QuantType(8,   32,  34,  "Q8_0", 34,   None,         True),
+    "Q2_K": QuantType(10,  256, 84),
+    "Q3_K": QuantType(11,  256, 110),
+    "Q4_K": QuantType(12,  256, 144, "Q4_K", 24,   repack_q4_k),
+    "Q5_K": QuantType(13,  256, 176, "Q5_K", 40,   repack_q5_k),
+    "Q6_K": QuantType(14,  256, 210, "Q6_K", 40,   repack_q6_k),
+}
+# fmt: on
+# the kernels' kinds -> bytes per block of 32 weights as they keep them
+BLOCK_BYTES = {name: t.kept for name, t in QUANT_TYPES.items() if t.kept}

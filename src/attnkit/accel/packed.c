@@ -317,18 +317,18 @@ static inline void load_q5_k(const uint8_t *b, float *w, float *d, float *m) {
         }                                                                                      \
     }
 
-PACKED_MATMUL(matmul_q8_0, load_q8_0, 34)
-PACKED_MATMUL(matmul_q4_0, load_q4_0, 18)
-PACKED_MATMUL(matmul_q4_1, load_q4_1, 20)
-PACKED_MATMUL(matmul_q4_k, load_q4_k, 24)
-PACKED_MATMUL(matmul_q6_k, load_q6_k, 40)
-PACKED_MATMUL(matmul_q5_k, load_q5_k, 40)
-DEQUANTIZE(dequantize_q8_0, load_q8_0, 34)
-DEQUANTIZE(dequantize_q4_0, load_q4_0, 18)
-DEQUANTIZE(dequantize_q4_1, load_q4_1, 20)
-DEQUANTIZE(dequantize_q4_k, load_q4_k, 24)
-DEQUANTIZE(dequantize_q6_k, load_q6_k, 40)
-DEQUANTIZE(dequantize_q5_k, load_q5_k, 40)
+PACKED_MATMUL(matmul_q8_0, load_q8_0, Q8_0_BYTES)
+PACKED_MATMUL(matmul_q4_0, load_q4_0, Q4_0_BYTES)
+PACKED_MATMUL(matmul_q4_1, load_q4_1, Q4_1_BYTES)
+PACKED_MATMUL(matmul_q4_k, load_q4_k, Q4_K_BYTES)
+PACKED_MATMUL(matmul_q6_k, load_q6_k, Q6_K_BYTES)
+PACKED_MATMUL(matmul_q5_k, load_q5_k, Q5_K_BYTES)
+DEQUANTIZE(dequantize_q8_0, load_q8_0, Q8_0_BYTES)
+DEQUANTIZE(dequantize_q4_0, load_q4_0, Q4_0_BYTES)
+DEQUANTIZE(dequantize_q4_1, load_q4_1, Q4_1_BYTES)
+DEQUANTIZE(dequantize_q4_k, load_q4_k, Q4_K_BYTES)
+DEQUANTIZE(dequantize_q6_k, load_q6_k, Q6_K_BYTES)
+DEQUANTIZE(dequantize_q5_k, load_q5_k, Q5_K_BYTES)
 
 /* W (N rows of K weights) as float32, out: (N, K). d * q is exact in float32 in every format,
  * so d * q + m rounds once, as gguf's dequantization does: the values are the same bit for bit.

@@ -16,6 +16,11 @@
  * Defined here alone: attnkit/accel/native.py reads these enums (native.kinds()). */
 enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, BLOCK_KINDS };
 enum { TILE_BASE = 8, FLOAT_ROWS = 16, FLOAT_COLUMNS = 17 };
+/* The bytes of a block of 32 weights, by kind, as the kernels keep them (the K-quants repacked:
+ * accel/block_formats.py); a test checks them against Python's table of quantization types. */
+enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20, Q4_K_BYTES = 24, Q6_K_BYTES = 40,
+       Q5_K_BYTES = 40 };
+#define BLOCK_BYTES_BY_KIND {Q8_0_BYTES, Q4_0_BYTES, Q4_1_BYTES, Q4_K_BYTES, Q6_K_BYTES, Q5_K_BYTES}
 #define TILES(kind) (TILE_BASE + (kind))
 #define IS_TILES(code) ((code) >= TILE_BASE && (code) < TILE_BASE + BLOCK_KINDS)
 

@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 # the kinds' codes, as packed.h defines them (native.kinds()): blocks, and tiles of blocks
-KIND_CODES = {k: native.kinds()[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_K")}
+KIND_CODES = {kind: native.kinds()[kind] for kind in BLOCK_BYTES}
 _TILE_BASE = native.kinds()["TILE_BASE"]
 TILE_CODES = {kind: _TILE_BASE + code for kind, code in KIND_CODES.items()}
 TILE_BYTES = {**BLOCK_BYTES, "Q6_K": 44}  # per row of 32 weights: the blocks' own, Q6_K's + 4

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnkit.accel.packed import BLOCK_BYTES, PackedEmbedding, PackedLinear, dequantize
+from attnkit.accel.swap import swap_named
 from attnkit.serialization import packed_layout
 
 __all__ = ["SCHEMES", "dequantize_model", "packed_layout", "quantize", "restore_packed_layout"]
@@ -61,13 +62,15 @@ def quantize(
     import gguf
 
     qtype = getattr(gguf.GGMLQuantizationType, kind)
-    for name, module in list(names.items()):
+    new: dict[str, nn.Module] = {}
+    for name, module in names.items():
         if not isinstance(module, nn.Linear) or name in skip or module.in_features % GROUP_SIZE:
             continue
         weight = module.weight.detach().float().cpu().numpy()  # (out, in)
         blocks = torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(weight, qtype)))
         bias = None if module.bias is None else module.bias.detach().float().cpu()
-        _replace(model, name, PackedLinear(blocks, kind, module.in_features, bias=bias))
+        new[name] = PackedLinear(blocks, kind, module.in_features, bias=bias)
+    swap_named(model, new)
     cfg = getattr(model, "cfg", None)
     if cfg is not None:
         if getattr(cfg, "tie_embeddings", False) and isinstance(
@@ -83,26 +86,26 @@ def dequantize_model(model: nn.Module) -> int:
     :func:`quantize`, or a GGUF file read with ``dequantize=False``) becomes a float32
     ``nn.Linear`` / ``nn.Embedding`` holding its blocks' values (the rounding stays). Returns
     how many layers it replaced."""
-    replaced = 0
-    for name, module in list(model.named_modules()):
+    new: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
         if isinstance(module, PackedLinear):
-            new = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            layer = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
             weight, bias = module.dequantized(), module.bias
         elif isinstance(module, PackedEmbedding):
-            new = nn.Embedding(module.num_embeddings, module.embedding_dim)
+            layer = nn.Embedding(module.num_embeddings, module.embedding_dim)
             weight, bias = dequantize(module.blocks, module.kind), None
         else:
             continue
         with torch.no_grad():
-            new.weight.copy_(weight.reshape(new.weight.shape))
+            layer.weight.copy_(weight.reshape(layer.weight.shape))
             if bias is not None:
-                new.bias.copy_(bias)
-        _replace(model, name, new)
-        replaced += 1
+                layer.bias.copy_(bias)
+        new[name] = layer
+    swap_named(model, new)
     cfg = getattr(model, "cfg", None)
-    if replaced and cfg is not None:
+    if new and cfg is not None:
         cfg.extra.pop("packed", None)
-    return replaced
+    return len(new)
 
 
 def restore_packed_layout(model: nn.Module, layout: dict[str, str], source: str) -> None:
@@ -111,6 +114,7 @@ def restore_packed_layout(model: nn.Module, layout: dict[str, str], source: str)
     if not isinstance(layout, dict):
         raise ValueError(f"{source}: config.extra.packed must be a mapping, got {layout!r}")
     names = dict(model.named_modules())
+    new: dict[str, nn.Module] = {}
     for name, kind in layout.items():
         module = names.get(name)
         if kind not in BLOCK_BYTES or not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -126,12 +130,8 @@ def restore_packed_layout(model: nn.Module, layout: dict[str, str], source: str)
             raise ValueError(f"{source}: {name!r} is {width} wide, not a multiple of 32")
         blocks = torch.zeros(rows, width // 32 * BLOCK_BYTES[kind], dtype=torch.uint8)
         if isinstance(module, nn.Embedding):
-            _replace(model, name, PackedEmbedding(blocks, kind, width))
+            new[name] = PackedEmbedding(blocks, kind, width)
         else:
             bias = None if module.bias is None else torch.zeros(rows)
-            _replace(model, name, PackedLinear(blocks, kind, width, bias=bias))
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+            new[name] = PackedLinear(blocks, kind, width, bias=bias)
+    swap_named(model, new)

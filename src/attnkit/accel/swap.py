@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["rebuilt", "swap_modules"]
+__all__ = ["rebuilt", "swap_modules", "swap_named"]
 
 
 def rebuilt(cls: type[nn.Module], module: nn.Module) -> nn.Module:
@@ -50,3 +50,11 @@ def swap_modules(model: nn.Module, build: Callable[[nn.Module], nn.Module | None
                 setattr(parent, name, new)
     root = replacement(model)
     return model if root is None else root
+
+
+def swap_named(model: nn.Module, new: dict[str, nn.Module]) -> nn.Module:
+    """:func:`swap_modules` for the modules of ``model`` named by ``new``'s keys (as
+    ``named_modules`` names them), each replaced by its value."""
+    modules = dict(model.named_modules())
+    by_id = {id(modules[name]): module for name, module in new.items()}
+    return swap_modules(model, lambda m: by_id.get(id(m)))

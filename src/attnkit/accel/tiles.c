@@ -73,7 +73,11 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
 
 /* the head's bytes and the whole tile's, by kind (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K) */
 static const int tile_head[BLOCK_KINDS] = {2 * TILE, 2 * TILE, 4 * TILE, 8 * TILE, 12 * TILE, 8 * TILE};
-static const int tile_bytes[BLOCK_KINDS] = {34 * TILE, 18 * TILE, 20 * TILE, 24 * TILE, 44 * TILE, 40 * TILE};
+static const int block_bytes[BLOCK_KINDS] = BLOCK_BYTES_BY_KIND;
+/* a tile holds TILE blocks, Q6_K's with 4 bytes more each (its two scales' sums: see below) */
+static const int tile_bytes[BLOCK_KINDS] = {Q8_0_BYTES * TILE, Q4_0_BYTES * TILE, Q4_1_BYTES * TILE,
+                                            Q4_K_BYTES * TILE, (Q6_K_BYTES + 4) * TILE,
+                                            Q5_K_BYTES * TILE};
 
 /* Which integer dot product this build uses: 3 AVX-512 VNNI, 2 AVX-VNNI, 1 AVX2, 0 plain C. */
 int packed_int8_path(void) { return INT8_PATH; }
@@ -114,7 +118,7 @@ void quantize_rows(const float *x, const Int8Rows *qx, int rows, int K) {
  * Returns 0, or -1 for arguments it cannot take. */
 int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K, int threads) {
     if (K % QK || N < 1 || kind < 0 || kind >= BLOCK_KINDS || threads < 1) return -1;
-    static const int bytes[BLOCK_KINDS] = {34, 18, 20, 24, 40, 40}, at[4] = {2, 2, 4, 8};
+    static const int at[4] = {2, 2, 4, 8};
     static const uint8_t zero[40] = {0}; /* a block of zero weights (d = m = q = 0) */
     const int nb = K / QK;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -124,7 +128,7 @@ int packed_tile(int kind, const uint8_t *W, uint8_t *out, int N, int K, int thre
             uint8_t *chunks = tile + tile_head[kind];
             for (int i = 0; i < TILE; i++) {
                 const int n = t * TILE + i;
-                const uint8_t *block = n < N ? W + ((size_t)n * nb + b) * bytes[kind] : zero;
+                const uint8_t *block = n < N ? W + ((size_t)n * nb + b) * block_bytes[kind] : zero;
                 if (kind == Q6_K || kind == Q5_K) { /* float32 d_a, d_b (or d, m), then q */
                     memcpy(tile + 4 * i, block, 4);
                     memcpy(tile + 4 * (TILE + i), block + 4, 4);

@@ -15,9 +15,10 @@ def register(commands) -> None:
         help="write a model as a Hugging Face directory or a GGUF file (llama.cpp, Ollama)",
         description=(
             "Write MODEL, with its tokenizer, as a directory that another tool reads: --format "
-            "hf for transformers (GPT-2, Llama, BERT, XLM-RoBERTa-XL or Marian, whichever "
+            "hf for transformers (Llama, Qwen2, Qwen3, Phi-3, Mistral, Gemma 3, GPT-2, BERT, "
+            "XLM-RoBERTa-XL or Marian: the architecture it was read from, else whichever "
             "computes the same function), --format gguf for llama.cpp, Ollama and LM Studio "
-            "(decoder-only models, as gpt2 or llama). MODEL is anything from_pretrained reads: "
+            "(decoder-only models). MODEL is anything from_pretrained reads: "
             "a training checkpoint, a fine-tuned directory, a shipped name (smollm2, gemma3, "
             "minilm, e5). A model with no counterpart in the format is refused, naming the "
             "field; nothing is written then. See docs/EXPORT.md."
@@ -34,12 +35,12 @@ def register(commands) -> None:
     export.add_argument("model", metavar="MODEL", help="the model to export")
     export.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
     export.add_argument("--format", choices=["hf", "gguf"], default="hf", help="default: hf")
-    export.add_argument(
-        "--dtype", choices=["f32", "f16", "bf16"], default="f32", help="weights' type (f32)"
-    )
+    from attnkit.interop.export import DTYPES, QUANTIZATIONS
+
+    export.add_argument("--dtype", choices=list(DTYPES), default="f32", help="weights' type (f32)")
     export.add_argument(
         "--quant",
-        choices=["q8_0", "q4_0", "q4_1"],
+        choices=list(QUANTIZATIONS),
         help="GGUF only: the linear layers in llama.cpp's 8- or 4-bit blocks",
     )
     export.set_defaults(handler=run)

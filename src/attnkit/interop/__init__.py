@@ -3,14 +3,15 @@
 ::
 
     pretrained.py   from_pretrained (dispatch through LOADERS), load_tokenizer_for
-    hf.py           Hugging Face directories: config.json + safetensors -> BERT / GPT-2 / Llama
+    architecture.py one description per architecture, read in every direction (config and
+                    tensors, Hugging Face and GGUF, the packing plan)
+    architectures.py  the descriptions: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, GPT-2
+    hf.py           Hugging Face directories: config.json + safetensors -> attnkit models
     hf_config.py    config.json read field by field, types checked, unknown fields refused
     checkpoint.py   safetensors files, single or sharded, never unpickled
-    bert.py         BERT  -> EncoderModel / EncoderClassifier
-    gpt2.py         GPT-2 <-> DecoderLM (and llama.cpp's gpt2 GGUF tensors)
-    llama.py        Llama -> DecoderLM (RoPE, RMSNorm, SwiGLU, grouped-query attention)
-    gguf.py         GGUF files of Llama, Gemma 3 and GPT-2 models (gemma3.py: Gemma 3 from either)
-    gguf_config.py  GGUF metadata -> ModelConfig
+    bert.py         BERT  -> EncoderModel / EncoderClassifier (roberta.py: RoBERTa, XLM-R)
+    gguf.py         GGUF files -> DecoderLM, dequantized or with packed layers
+    gguf_file.py    the GGUF file format itself, parsed over a memory map
     export.py       export(): attnkit models out, as Hugging Face directories or GGUF files
     hf_export.py    which transformers class computes the same function, and its state dict
     gguf_export.py  a decoder-only model and its tokenizer -> one GGUF file
@@ -21,13 +22,13 @@
 
 from attnkit.interop.pretrained import LOADERS, export, from_pretrained, load_tokenizer_for
 
-# The readers of foreign formats load on first use (``attnkit.interop.gpt2_to_hf`` imports
-# gpt2.py then), so importing attnkit does not import every format's reader.
+# The readers of foreign formats load on first use (``attnkit.interop.to_hf`` imports
+# hf_export.py then), so importing attnkit does not import every format's reader.
 _LAZY = {
     "PretrainedTokenizer": "attnkit.interop.tokenizer",
     "cosine_similarities": "attnkit.interop.embeddings",
-    "gpt2_from_hf_state_dict": "attnkit.interop.gpt2",
-    "gpt2_to_hf": "attnkit.interop.gpt2",
+    "from_hf": "attnkit.interop.hf",
+    "to_hf": "attnkit.interop.hf_export",
     "load_gguf": "attnkit.interop.gguf",
     "load_hf_directory": "attnkit.interop.hf",
     "sentence_embeddings": "attnkit.interop.embeddings",

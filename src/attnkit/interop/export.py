@@ -33,6 +33,7 @@ from tokenizers import AddedToken, decoders, models, processors
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
+from attnkit.accel.block_formats import QUANT_TYPES
 from attnkit.files import atomic_directory
 from attnkit.interop.hf_export import to_hf
 from attnkit.models import DecoderLM, EncoderClassifier, Transformer
@@ -41,7 +42,8 @@ __all__ = ["DTYPES", "FORMATS", "QUANTIZATIONS", "export", "hf_tokenizer"]
 
 FORMATS = ("hf", "gguf")
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")
+# the block types export writes (gguf.quants), from the table of quantization types
+QUANTIZATIONS = tuple(n.lower() for n, t in QUANT_TYPES.items() if t.written and t.block > 1)
 SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "cls")
 
 
@@ -82,6 +84,7 @@ def export(
     _check(format, dtype, quant, path)
     if format == "hf":
         config, state = to_hf(model, getattr(model, "labels", None))  # refuses before writing
+        config["torch_dtype"] = str(DTYPES[dtype]).removeprefix("torch.")  # as stored
         files = _hf_files(model, config, tokenizer, chat_template)
         with atomic_directory(path) as tmp:
             save_file(
@@ -104,6 +107,7 @@ def export(
             quant=quant,
             tokenizer=tokenizer,
             chat_template=chat_template,
+            name=(card or {}).get("name"),
         )
         (tmp / "README.md").write_text(model_card(model, "gguf", dtype, quant, card), "utf-8")
     return path / name

@@ -1,25 +1,16 @@
 """A decoder-only attnkit model -> one GGUF file, written with ``gguf.GGUFWriter``.
 
-The architecture is the one :func:`attnkit.interop.hf_export.hf_layout` picks: ``gpt2``
-(learned positions, LayerNorm, GELU, biases) or ``llama`` (RoPE, RMSNorm, SwiGLU, GQA). The
-tensors are named as llama.cpp's ``convert_hf_to_gguf.py`` names them, and Llama's query and key
-rows are put in llama.cpp's RoPE order (:func:`permute`, the inverse of
-:func:`attnkit.interop.gguf.unpermute`)::
-
-    attnkit                        gpt2                    llama
-    embeddings.tokens           -> token_embd              token_embd
-    embeddings.positions        -> position_embd           (RoPE: none)
-    layers.{i}.norm1            -> blk.{i}.attn_norm       blk.{i}.attn_norm
-    layers.{i}.self_attn.in_proj -> blk.{i}.attn_qkv        blk.{i}.attn_q, attn_k, attn_v
-    layers.{i}.self_attn.out_proj -> blk.{i}.attn_output    blk.{i}.attn_output
-    layers.{i}.norm3            -> blk.{i}.ffn_norm        blk.{i}.ffn_norm
-    layers.{i}.ffn.gate         ->                         blk.{i}.ffn_gate
-    layers.{i}.ffn.up / .down   -> blk.{i}.ffn_up / _down  blk.{i}.ffn_up / _down
-    decoder.norm                -> output_norm             output_norm
-    lm_head                     -> output (untied only)    output (untied only)
+The architecture is the model's description (:func:`attnkit.interop.hf_export.hf_layout` with
+``where="gguf"``: the one it was read from, else the first that holds it), and the description
+says everything else: the ``<arch>.*`` keys (:func:`~attnkit.interop.architecture.gguf_metadata`)
+and the tensors, named as llama.cpp's ``convert_hf_to_gguf.py`` names them and laid out as it
+does (Llama's q and k rows in llama.cpp's RoPE order, Phi-3's fused blocks;
+:func:`~attnkit.interop.architecture.weights_to`). A Llama 3 RoPE scaling goes in as
+``rope_freqs``, as the converter writes it.
 
 Types: norms and biases are F32, as llama.cpp's converter keeps them. The matrices are
-``dtype`` (F32, F16, BF16), or with ``quant`` the blocks of ``gguf.quants`` (Q8_0, Q4_0, Q4_1);
+``dtype`` (F32, F16, BF16), or with ``quant`` the blocks of ``gguf.quants`` (Q8_0, Q4_0, Q4_1;
+the types :data:`~attnkit.accel.block_formats.QUANT_TYPES` marks written);
 ``position_embd`` keeps ``dtype``, and with Q4_0 / Q4_1 the token table and the output layer are
 Q8_0 (llama-quantize keeps them at a higher precision too; ``gguf.quants`` writes no K-quants).
 A matrix whose rows do not split into 32-value blocks keeps ``dtype``.
@@ -44,76 +35,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.accel.block_formats import QUANT_TYPES
+from attnkit.interop.architecture import gguf_metadata, weights_to
+from attnkit.interop.architectures import ARCHITECTURES
 from attnkit.interop.hf_export import hf_layout, refuse
 from attnkit.models import DecoderLM
+from attnkit.position import rope_frequencies
 
-__all__ = ["FILE_TYPES", "gguf_name", "permute", "write_gguf"]
+__all__ = ["gguf_name", "write_gguf"]
 
 log = logging.getLogger("attnkit")
-FILE_TYPES = {
-    "f32": "ALL_F32",
-    "f16": "MOSTLY_F16",
-    "bf16": "MOSTLY_BF16",
-    "q8_0": "MOSTLY_Q8_0",
-    "q4_0": "MOSTLY_Q4_0",
-    "q4_1": "MOSTLY_Q4_1",
-}
-_TENSOR_TYPES = {
-    "f32": "F32",
-    "f16": "F16",
-    "bf16": "BF16",
-    "q8_0": "Q8_0",
-    "q4_0": "Q4_0",
-    "q4_1": "Q4_1",
-}
 NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # llama.cpp's token types
 
 
 def gguf_name(kind: str) -> str:
     """The file's name in the export directory: ``model-q8_0.gguf``."""
     return f"model-{kind}.gguf"
-
-
-def permute(weight: Tensor, n_heads: int) -> Tensor:
-    """Hugging Face's q / k rows -> llama.cpp's: each head's two RoPE halves interleaved."""
-    rows, cols = weight.shape
-    halves = weight.reshape(n_heads, 2, rows // n_heads // 2, cols)  # (heads, 2, d_head/2, in)
-    return halves.transpose(1, 2).reshape(rows, cols)
-
-
-def _tensors(model: DecoderLM, arch: str) -> dict[str, Tensor]:
-    """GGUF name -> float32 tensor (torch order: (out, in))."""
-    cfg = model.cfg
-    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
-    out = {"token_embd.weight": sd["embeddings.tokens.weight"]}
-
-    def norm(theirs: str, mine: str) -> None:
-        out[f"{theirs}.weight"] = sd[f"{mine}.weight"]
-        if f"{mine}.bias" in sd:
-            out[f"{theirs}.bias"] = sd[f"{mine}.bias"]
-
-    if arch == "gpt2":
-        out["position_embd.weight"] = sd["embeddings.positions.embedding.weight"]
-    norm("output_norm", "decoder.norm")
-    if not cfg.tie_embeddings:
-        out["output.weight"] = sd["lm_head.weight"]
-    q_rows, kv_rows = cfg.n_heads * cfg.d_head, cfg.kv_heads * cfg.d_head
-    for i in range(cfg.n_layers):
-        blk, mine = f"blk.{i}", f"decoder.layers.{i}"
-        norm(f"{blk}.attn_norm", f"{mine}.norm1")
-        norm(f"{blk}.ffn_norm", f"{mine}.norm3")
-        parts = {"attn_output": "self_attn.out_proj", "ffn_up": "ffn.up", "ffn_down": "ffn.down"}
-        if arch == "gpt2":
-            parts["attn_qkv"] = "self_attn.in_proj"
-        else:
-            parts["ffn_gate"] = "ffn.gate"
-            q, k, v = sd[f"{mine}.self_attn.in_proj.weight"].split([q_rows, kv_rows, kv_rows])
-            out[f"{blk}.attn_q.weight"] = permute(q, cfg.n_heads)
-            out[f"{blk}.attn_k.weight"] = permute(k, cfg.kv_heads)
-            out[f"{blk}.attn_v.weight"] = v
-        for theirs, name in parts.items():
-            norm(f"{blk}.{theirs}", f"{mine}.{name}")
-    return out
 
 
 def _stored(name: str, tensor: Tensor, dtype: str, quant: str | None):
@@ -125,9 +62,9 @@ def _stored(name: str, tensor: Tensor, dtype: str, quant: str | None):
         kind = quant
         if quant != "q8_0" and name in ("token_embd.weight", "output.weight"):
             kind = "q8_0"
-        if tensor.shape[1] % 32:
+        if tensor.shape[1] % QUANT_TYPES[kind.upper()].block:
             kind = dtype
-    qtype = gguf.GGMLQuantizationType[_TENSOR_TYPES[kind]]
+    qtype = gguf.GGMLQuantizationType(QUANT_TYPES[kind.upper()].ggml)
     if kind == "bf16":  # numpy has no bfloat16: its bits as uint16, which add_tensor takes raw
         return tensor.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), qtype
     array = tensor.numpy().astype(np.float32)
@@ -137,9 +74,11 @@ def _stored(name: str, tensor: Tensor, dtype: str, quant: str | None):
 
 
 def write_gguf(
-    model, path: Path, *, dtype: str, quant: str | None, tokenizer, chat_template: str | None = None
-) -> None:
-    """Write ``model`` and its tokenizer to the GGUF file ``path``."""
+    model, path: Path, *, dtype: str, quant: str | None, tokenizer,
+    chat_template: str | None = None, name: str | None = None,
+) -> None:  # fmt: skip
+    """Write ``model`` and its tokenizer to the GGUF file ``path`` (``name``: the model's name
+    in ``general.name``)."""
     import gguf
 
     if not isinstance(model, DecoderLM):
@@ -151,7 +90,7 @@ def write_gguf(
             "GGUF holds the decoder-only models (DecoderLM); "
             "use format='hf' for encoders and translators",
         )
-    arch = hf_layout(model)  # gpt2 or llama; refuses what neither computes
+    arch = ARCHITECTURES[hf_layout(model, "gguf")]  # refuses what no GGUF layout computes
     cfg = model.cfg
     if tokenizer is None:
         raise ValueError("tokenizer is required for GGUF: llama.cpp reads it from the file")
@@ -161,31 +100,28 @@ def write_gguf(
             f"{cfg.vocab_size}"
         )
     vocabulary = _vocabulary(tokenizer)  # refuses a tokenizer it cannot write, before writing
-    if arch == "gpt2" and cfg.gelu_approximation == "none":
+    if arch.name == "gpt2" and cfg.gelu_approximation == "none":
         log.warning(
             "llama.cpp's gpt2 graph computes GELU with the tanh approximation; this "
             "model was trained with the exact GELU"
         )
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_name(path.parent.name)
-    writer.add_file_type(gguf.LlamaFileType[FILE_TYPES[quant or dtype]])
-    writer.add_context_length(cfg.max_len)
-    writer.add_embedding_length(cfg.d_model)
-    writer.add_feed_forward_length(cfg.d_ff)
-    writer.add_block_count(cfg.n_layers)
-    writer.add_head_count(cfg.n_heads)
-    if arch == "gpt2":
-        writer.add_layer_norm_eps(cfg.norm_eps)
-    else:
-        writer.add_head_count_kv(cfg.kv_heads)
-        writer.add_layer_norm_rms_eps(cfg.norm_eps)
-        writer.add_rope_freq_base(cfg.rope_theta)
-        writer.add_rope_dimension_count(cfg.d_head)
-        writer.add_vocab_size(cfg.vocab_size)
+    writer = gguf.GGUFWriter(path, arch.gguf)
+    writer.add_name(name or cfg.extra.get("name") or f"attnkit-{arch.name}")
+    kind = (quant or dtype).upper()
+    writer.add_file_type(gguf.LlamaFileType["ALL_F32" if kind == "F32" else f"MOSTLY_{kind}"])
+    for key, value in gguf_metadata(arch, cfg).items():
+        if isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
     _add_tokenizer(writer, vocabulary, tokenizer, chat_template)
-    for name, tensor in _tensors(model, arch).items():
-        array, qtype = _stored(name, tensor, dtype, quant)
-        writer.add_tensor(name, array, raw_dtype=qtype)
+    tensors = weights_to(arch, "gguf", cfg, model.state_dict())
+    if cfg.rope_scaling and cfg.rope_scaling["rope_type"] != "linear":  # Llama 3's factors
+        plain = rope_frequencies(cfg.rotary_dim or cfg.d_head, cfg.rope_theta)
+        tensors["rope_freqs.weight"] = plain / model.decoder.layers[0].self_attn.rope.inv_freq
+    for tensor_name, tensor in tensors.items():
+        array, qtype = _stored(tensor_name, tensor, dtype, quant)
+        writer.add_tensor(tensor_name, array, raw_dtype=qtype)
     if quant:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.write_header_to_file()

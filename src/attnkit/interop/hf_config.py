@@ -18,9 +18,9 @@ from typing import Any
 
 from attnkit.files import read_json
 
-__all__ = ["GENERIC_DEFAULTS", "NEUTRAL_FIELDS", "HFConfig"]
+__all__ = ["GENERIC_DEFAULTS", "NEUTRAL_FIELDS", "REQUIRED", "HFConfig"]
 
-_MISSING: Any = object()
+REQUIRED: Any = object()  # a default that means: the field must be there
 
 # Fields any Hugging Face config may carry that do not change what a model computes in eval mode.
 NEUTRAL_FIELDS = frozenset(
@@ -131,24 +131,24 @@ class HFConfig:
         self._read.add(name)
         if name in self.data and self.data[name] is not None:
             return self.data[name]
-        if default is _MISSING:
+        if default is REQUIRED:
             raise self.error(f"the field {name!r} is missing (or null)")
         return default
 
-    def get_int(self, name: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+    def get_int(self, name: str, default: Any = REQUIRED, *, minimum: int = 1) -> int:
         value = self._value(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.error(f"{name} must be an int >= {minimum}, got {_describe(value)}")
         return value
 
-    def get_float(self, name: str, default: Any = _MISSING, *, minimum: float = 0.0) -> float:
+    def get_float(self, name: str, default: Any = REQUIRED, *, minimum: float = 0.0) -> float:
         """A number >= minimum (ints accepted)."""
         value = self._value(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= minimum:
             raise self.error(f"{name} must be a number >= {minimum}, got {_describe(value)}")
         return float(value)
 
-    def get_positive(self, name: str, default: Any = _MISSING) -> float:
+    def get_positive(self, name: str, default: Any = REQUIRED) -> float:
         value = self.get_float(name, default)
         if value <= 0:
             raise self.error(f"{name} must be a number > 0, got {value!r}")
@@ -160,13 +160,13 @@ class HFConfig:
             raise self.error(f"{name} must be a dropout rate in [0, 1), got {value!r}")
         return value
 
-    def get_bool(self, name: str, default: Any = _MISSING) -> bool:
+    def get_bool(self, name: str, default: Any = REQUIRED) -> bool:
         value = self._value(name, default)
         if not isinstance(value, bool):
             raise self.error(f"{name} must be true or false, got {_describe(value)}")
         return value
 
-    def get_choice(self, name: str, choices: dict[str, Any] | tuple, default: Any = _MISSING):
+    def get_choice(self, name: str, choices: dict[str, Any] | tuple, default: Any = REQUIRED):
         """A string among ``choices``; with a dict, the value it maps to."""
         value = self._value(name, default)
         if not isinstance(value, str) or value not in choices:

