@@ -185,7 +185,7 @@ BERT_CONFIGS = [
     ({"num_hidden_layers": True}, r"num_hidden_layers must be an int >= 1, got True \(bool\)"),
     ({"layer_norm_eps": -1}, r"layer_norm_eps must be a number >= 0.0, got -1"),
     ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob must be a dropout rate in \[0, 1\)"),
-    ({"num_attention_heads": 5}, r"num_attention_heads=5 does not divide hidden_size=32"),
+    ({"num_attention_heads": 5}, r"ModelConfig: n_heads=5 must divide d_model=32"),
     ({"hidden_act": "swish"}, r"hidden_act='swish' is not supported by attnkit; expected one of"),
     (
         {"position_embedding_type": "relative_key"},
@@ -206,8 +206,8 @@ BERT_CONFIGS = [
         r"model type 't5' is not supported; "
         r"attnkit reads Hugging Face directories of "
         r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', "
-        r"'roberta', 'xlm-roberta'\], GGUF files of \['gemma3', 'gpt2', 'llama', 'phi3', "
-        r"'qwen2', 'qwen3'\]",
+        r"'roberta', 'xlm-roberta', 'xlm-roberta-xl'\], "
+        r"GGUF files of \['gemma3', 'gpt2', 'llama', 'phi3', 'qwen2', 'qwen3'\]",
     ),
 ]
 
@@ -244,7 +244,7 @@ LLAMA_CONFIGS = [
     ({"rms_norm_eps": "1e-5"}, r"rms_norm_eps must be a number >= 0.0, got '1e-5' \(str\)"),
     (
         {"architectures": ["LlamaForSequenceClassification"]},
-        r"Llama architecture \['LlamaForSequenceClassification'\] is not supported",
+        r"Llama architecture 'LlamaForSequenceClassification' is not supported",
     ),
     ({"sliding_window": 4096}, r"attention='window' is not supported for Llama"),
     ({"partial_rotary_factor": 0.5}, r"rotary_dim=4 is not supported for Llama"),

@@ -13,8 +13,8 @@ import attnkit as ak
 from attnkit.accel.block_formats import dequantize
 from attnkit.cli import main
 from attnkit.interop import load_tokenizer_for
-from attnkit.interop.architecture import unpermute
 from attnkit.interop.gguf import read_gguf
+from attnkit.interop.weights import unpermute
 from ties import greedy_ties
 
 N_HEADS, N_KV = 4, 2
@@ -305,11 +305,18 @@ def test_the_embedded_sentencepiece_tokenizer_matches_transformers(tmp_path):
     tok = load_tokenizer_for(tmp_path / "m.gguf")
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
     assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.vocab_size) == (1, 2, 0, ref.config.vocab_size)
-    for text in ["hello world", "the cat sat in the world", " hello\nworld ü", "Hello  the", ""]:
+    for text in ["hello world", "the cat sat in the world", "hello\nworld ü", "Hello  the", ""]:
         ids = tok.encode(text)
         assert ids == reference(text)["input_ids"], text
         assert tok.decode(ids) == reference.decode(ids, skip_special_tokens=True)
     assert tok.encode("hello world")[0] == 1  # BOS, as llama.cpp adds it
+    # a text that starts with a space gets the dummy prefix too, as SentencePiece and llama.cpp
+    # give it (transformers' GGUF tokenizer drops one space there): "▁▁hello"
+    assert (
+        tok.encode(" hello", add_special_tokens=False)
+        == tok.encode("▁hello", add_special_tokens=False)
+        != reference(" hello", add_special_tokens=False)["input_ids"]
+    )
 
 
 def _byte_level_tokenizer(trained):

@@ -1,7 +1,7 @@
-"""One description per architecture, read in every direction.
+"""One description per architecture: how its files map to attnkit, read in every direction.
 
-An :class:`Architecture` says once how one family of checkpoints maps to attnkit's
-:class:`~attnkit.models.DecoderLM`:
+An :class:`Architecture` says once, for one family of checkpoints (the descriptions are in
+:mod:`attnkit.interop.architectures`):
 
 - its names: the Hugging Face ``model_type`` and classes, the GGUF ``general.architecture``;
 - ``fixed``: the :class:`~attnkit.config.ModelConfig` values every model of it has (RMSNorm,
@@ -10,55 +10,38 @@ An :class:`Architecture` says once how one family of checkpoints maps to attnkit
   GGUF metadata key, with the default a file that lacks the key means;
 - ``hf_fixed``: ``config.json`` keys whose one value is what attnkit computes (read: refused at
   any other value; written: that value);
-- ``top`` and ``layer``: each tensor as a row ``(attnkit, Hugging Face, GGUF)`` (see
-  :func:`links`).
+- ``top`` and ``layer``: each tensor as a row ``(attnkit, Hugging Face, GGUF)``, which
+  :mod:`attnkit.interop.weights` reads in both directions.
 
 RoPE (``rope_parameters`` or the older ``rope_theta`` / ``rope_scaling`` /
 ``partial_rotary_factor``; GGUF's ``rope.*`` keys and ``rope_freqs``), sliding windows
-(``sliding_window``, ``layer_types``) and the special token ids are read and written here for
-every architecture alike. Hugging Face import and export, GGUF import and export and the
-packing plan of :mod:`attnkit.interop.gguf` all read the same description::
+(``sliding_window``, ``layer_types``), the special token ids and a classifier's labels are read
+and written here for every architecture alike::
 
     config_from_hf / config_to_hf      config.json        <-> ModelConfig
     config_from_gguf / gguf_metadata   <arch>.* metadata  <-> ModelConfig
-    build / weights_to                 tensors            <-> a DecoderLM's state dict
-    plan                               GGUF tensors        -> the rows of each linear layer
+    refusal                            a ModelConfig an architecture cannot hold, and why
 """
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from attnkit.config import ModelConfig
-from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.hf_config import REQUIRED, HFConfig
-from attnkit.models import DecoderLM
-from attnkit.serialization import build_empty
 
 __all__ = [
     "Architecture",
     "Field",
-    "build",
     "config_from_gguf",
     "config_from_hf",
     "config_to_hf",
     "gguf_metadata",
-    "links",
-    "permute",
-    "plan",
     "refusal",
-    "unpermute",
-    "weights_to",
 ]
 
-PARTS = ("q", "k", "v", "gate", "up")  # the row blocks of fused tensors, in their order
 # A model's features beyond its sizes, at the values a plain decoder has: an architecture
 # takes a model only where each is its own fixed value or one it declares free.
 PLAIN = dict(
@@ -75,12 +58,13 @@ _HF_SCALINGS = {
 
 @dataclass(frozen=True)
 class Field:
-    """A ModelConfig field ``ours``, its ``config.json`` key ``hf`` and its GGUF key ``gguf``
-    (after ``<arch>.``); None where a format does not hold it. ``default``: what a file that
-    lacks the key means (a callable of the values read so far, or REQUIRED). ``kind``: "int",
-    "positive" (a float > 0), "dropout", or a dict of the file's values to attnkit's."""
+    """A ModelConfig field ``ours`` (or a tuple of them), its ``config.json`` key ``hf`` and its
+    GGUF key ``gguf`` (after ``<arch>.``); None where a format does not hold it. ``default``:
+    what a file that lacks the key means (a callable of the values read so far, or REQUIRED).
+    ``kind``: "int", "positive" (a float > 0), "dropout", or a dict of the file's values to
+    attnkit's (``hidden_act`` -> ``(activation, gelu_approximation)``)."""
 
-    ours: str
+    ours: str | tuple[str, ...]
     hf: str | None
     gguf: str | None
     default: Any = REQUIRED
@@ -96,15 +80,20 @@ class Architecture:
     gguf: str | None  # general.architecture
     fixed: dict[str, Any]
     fields: tuple[Field, ...]
-    top: tuple[tuple[str, str, str], ...]  # (attnkit, Hugging Face, GGUF)
-    layer: tuple[tuple[str, str, str], ...]  # the same inside each layer
+    top: tuple[tuple[str, ...], ...]  # (attnkit, Hugging Face, GGUF): weights.py
+    layer: tuple[tuple[str, ...], ...]  # the same inside each layer
     free: frozenset[str] = frozenset()
+    family: str = "lm"  # the model: "lm" (DecoderLM), "encoder", "classifier"
     hf_fixed: dict[str, Any] = field(default_factory=dict)
     hf_ignored: tuple[str, ...] = ()  # keys that do not change the function
     hf_window: dict[str, Any] = field(default_factory=dict)  # written beside sliding_window
+    our_layer: str = "decoder.layers.{i}."
     hf_layer: str = "model.layers.{i}."
-    hf_prefix: str = "model."  # optional in a file (LlamaModel has none)
-    hf_buffers: tuple[str, ...] = ()  # tensors a file may hold that are not weights
+    hf_prefix: str = "model."  # optional in a file (LlamaModel has none; BertModel neither)
+    hf_unused: str = ""  # a regex of the tensors a file may hold that are not weights
+    hf_renames: tuple[tuple[str, str], ...] = ()  # older names of tensors (a regex, a name)
+    optional: dict[str, str] = field(default_factory=dict)  # tensors -> the feature they need
+    position_offset: bool = False  # positions count from pad_id + 1 (RoBERTa)
     gguf_fixed: dict[str, Any] = field(default_factory=dict)  # what a GGUF file implies
     gguf_lacks: frozenset[str] = frozenset()  # free features llama.cpp's graph lacks
     tied: bool = False  # tie_word_embeddings' default
@@ -135,6 +124,9 @@ def _read_fields(source: HFConfig, arch: Architecture, fmt: str, values: dict, p
         if key is None:
             continue
         value = _read(source, prefix + key, f, values)
+        if isinstance(f.ours, tuple):  # one key, several fields
+            values.update(zip(f.ours, value, strict=True))
+            continue
         if f.ours in keys and f.kind == "dropout":
             continue
         if f.ours in keys and value != values[f.ours]:
@@ -145,9 +137,18 @@ def _read_fields(source: HFConfig, arch: Architecture, fmt: str, values: dict, p
         values[f.ours], keys[f.ours] = value, prefix + key
 
 
-def _value(cfg: ModelConfig, name: str) -> Any:
+def _value(cfg: ModelConfig, name: str | tuple[str, ...]) -> Any:
     """A field as a file holds it: the head width and KV heads resolved."""
+    if isinstance(name, tuple):
+        return tuple(_value(cfg, n) for n in name)
     return {"head_dim": cfg.d_head, "n_kv_heads": cfg.kv_heads}.get(name, getattr(cfg, name))
+
+
+def _free(arch: Architecture) -> frozenset[str]:
+    """The features a model of ``arch`` may set as it likes: its free ones and its fields."""
+    fields = [name for f in arch.fields for name in (f.ours if isinstance(f.ours, tuple) else
+                                                     (f.ours,))]  # fmt: skip
+    return arch.free | frozenset(fields)
 
 
 def _config(arch: Architecture, source: HFConfig, values: dict[str, Any], extra: dict):
@@ -158,10 +159,11 @@ def _config(arch: Architecture, source: HFConfig, values: dict[str, Any], extra:
         values["head_dim"] = None  # the usual width: no need to say it
     if values.get("rotary_dim") == (values.get("head_dim") or d_model // heads):
         values["rotary_dim"] = None
+    free = _free(arch)
     for name, value in values.items():
         if name in arch.fixed and value != arch.fixed[name]:
             raise source.error(f"{name}={value!r}: attnkit's {arch.title} has {arch.fixed[name]!r}")
-        if name in PLAIN and name not in arch.free | arch.fixed.keys() and value != PLAIN[name]:
+        if name in PLAIN and name not in free | arch.fixed.keys() and value != PLAIN[name]:
             raise source.error(
                 f"{name}={value!r} is not supported for {arch.title} (attnkit's {arch.title} "
                 f"has {PLAIN[name]!r})"
@@ -185,8 +187,9 @@ def _ids(get: Callable[[str], Any], vocab: int, arch: Architecture) -> dict[str,
     return found
 
 
-def config_from_hf(arch: Architecture, hf: HFConfig) -> ModelConfig:
-    """A ModelConfig from a ``config.json`` of ``arch`` (every key checked)."""
+def config_from_hf(arch: Architecture, hf: HFConfig, names=()) -> ModelConfig:
+    """A ModelConfig from a ``config.json`` of ``arch`` (every key checked); ``names``: the
+    file's tensors, whose presence says whether a model has its optional parts (a pooler)."""
     for key, value in arch.hf_fixed.items():
         hf.expect(key, *(value if isinstance(value, tuple) else (value,)))
     hf.ignore(*arch.hf_ignored)
@@ -198,12 +201,41 @@ def config_from_hf(arch: Architecture, hf: HFConfig) -> ModelConfig:
     for role in ("bos", "eos", "pad"):
         hf.get_token_id(f"{role}_token_id", values["vocab_size"])  # types checked
     values.update(_ids(lambda role: hf.get(f"{role}_token_id"), values["vocab_size"], arch))
-    values["tie_embeddings"] = hf.get_bool("tie_word_embeddings", arch.tied)
+    lm = arch.family == "lm"  # (an encoder has no output layer to tie)
+    values["tie_embeddings"] = hf.get_bool("tie_word_embeddings", arch.tied) if lm else False
+    if arch.position_offset:  # a token at t reads row pad_id + 1 + t of the table
+        values["max_len"] -= values["pad_id"] + 1
+        if values["max_len"] < 1:
+            table = values["max_len"] + values["pad_id"] + 1
+            raise hf.error(f"max_position_embeddings={table} leaves no positions after "
+                           f"pad_token_id={values['pad_id']}")  # fmt: skip
+    for prefix, feature in arch.optional.items():
+        rows = [row[1] for row in arch.top if row[0].startswith(prefix) and len(row) > 1]
+        found = {n.removeprefix(arch.hf_prefix) for n in names}
+        values[feature] = any(r.removeprefix(arch.hf_prefix) in found for r in rows)
+    extra: dict[str, Any] = {}
+    if arch.family == "classifier":
+        extra["labels"] = _labels(hf)
     hf.check_unknown()
-    extra = {}
     if isinstance(hf.data.get("eos_token_id"), list):
         extra["eos_token_ids"] = hf.data["eos_token_id"]  # generate stops at the first only
     return _config(arch, hf, values, extra)
+
+
+def _labels(hf: HFConfig) -> list[str]:
+    """A classifier's class names: ``id2label`` (or ``num_labels`` classes LABEL_0 ...)."""
+    id2label = hf.get("id2label")
+    if id2label is not None and not isinstance(id2label, dict):
+        raise hf.error(f"id2label must be an object, got {type(id2label).__name__}")
+    count = len(id2label) if id2label else hf.get_int("num_labels", 2)
+    hf.ignore("num_labels")
+    if count < 2:
+        raise hf.error(
+            f"{count} label(s): a regression head is not supported; attnkit's "
+            "EncoderClassifier needs at least 2 classes"
+        )
+    names = {int(k): str(v) for k, v in (id2label or {}).items()}
+    return [names.get(c, f"LABEL_{c}") for c in range(count)]
 
 
 def _rope_from_hf(hf: HFConfig, arch: Architecture, values: dict) -> dict[str, Any]:
@@ -324,8 +356,11 @@ def config_to_hf(arch: Architecture, cfg: ModelConfig) -> dict[str, Any]:
                 "full_attention" if (i + 1) % k == 0 else "sliding_attention"
                 for i in range(cfg.n_layers)
             ]
+    if arch.position_offset:
+        config["max_position_embeddings"] = cfg.max_len + cfg.pad_id + 1
+    if arch.family == "lm":
+        config["tie_word_embeddings"] = cfg.tie_embeddings
     config.update(
-        tie_word_embeddings=cfg.tie_embeddings,
         pad_token_id=cfg.pad_id,
         bos_token_id=cfg.bos_id,
         eos_token_id=cfg.eos_id,
@@ -402,206 +437,28 @@ def gguf_metadata(arch: Architecture, cfg: ModelConfig) -> dict[str, int | float
 def refusal(arch: Architecture, cfg: ModelConfig, where: str) -> tuple[str, Any, str] | None:
     """(field, value, what ``arch`` needs) for the first feature of ``cfg`` that ``arch``
     cannot hold in ``where`` ("hf" or "gguf"); None when it holds them all."""
-    free = arch.free - (arch.gguf_lacks if where == "gguf" else frozenset())
+    free = _free(arch) - (arch.gguf_lacks if where == "gguf" else frozenset())
     plain = [(k, v) for k, v in PLAIN.items() if k not in arch.fixed]
     for name, value in [*arch.fixed.items(), *plain]:  # the fixed ones first
         if name not in free and getattr(cfg, name) != value:
             return name, getattr(cfg, name), f"{arch.title} needs {value!r}"
+    if cfg.kv_heads != cfg.n_heads and "n_kv_heads" not in free:
+        return "n_kv_heads", cfg.n_kv_heads, f"{arch.title} has no grouped-query attention"
+    if cfg.d_head * cfg.n_heads != cfg.d_model and "head_dim" not in free:
+        return "head_dim", cfg.head_dim, f"{arch.title}'s heads are d_model / n_heads wide"
+    for f in arch.fields:  # a value the file's key has no name for
+        if (
+            isinstance(f.kind, dict)
+            and getattr(f, where)
+            and _value(cfg, f.ours) not in (f.kind.values())
+        ):
+            name = f.ours[0] if isinstance(f.ours, tuple) else f.ours
+            takes = sorted({v[0] if isinstance(v, tuple) else v for v in f.kind.values()})
+            return name, getattr(cfg, name), f"{arch.title} takes {takes}"
     if where == "gguf":  # what a GGUF file of it cannot say otherwise
-        for name, value in arch.gguf_fixed.items():
-            if name in free and getattr(cfg, name) != value:
+        for name, value in arch.gguf_fixed.items():  # (GPT-2's GELU: gguf_export warns)
+            if name in arch.free and getattr(cfg, name) != value:
                 return name, getattr(cfg, name), f"{arch.title}'s GGUF files mean {value!r}"
     if cfg.rope_scaling and cfg.rope_scaling["rope_type"] == "frequencies" and where == "hf":
         return "rope_scaling", "frequencies", "a config.json names a rope_type, not factors"
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# The tensors: links between attnkit's names and a file's
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Link:
-    """One block of rows that attnkit and a file both hold: ``ours`` (``our_part`` of it, or
-    all) is ``theirs`` (``their_part``, or all) after ``transform``: "T" (stored transposed,
-    GPT-2's Conv1D), "+1" (Gemma's norms store ``w - 1``), "rope" (llama.cpp's q / k rows)."""
-
-    ours: str
-    our_part: str | None
-    theirs: str
-    their_part: str | None
-    transform: str
-
-
-_NAME = re.compile(r"([^\[~]+)(?:\[(\w+)\])?(?:~(T|\+1|rope))?")
-
-
-def links(arch: Architecture, fmt: str, cfg: ModelConfig) -> list[Link]:
-    """Every link of ``arch`` in format ``fmt`` ("hf" or "gguf") for ``cfg``'s layers, the
-    output layer left out when it is tied. A row's names may end in ``[part]`` (a block of a
-    fused tensor's rows: q, k, v, gate, up) and ``~transform``."""
-    column = {"hf": 1, "gguf": 2}[fmt]
-    rows = [(row, "") for row in arch.top]
-    rows += [(row, str(i)) for i in range(cfg.n_layers) for row in arch.layer]
-    found = []
-    for row, i in rows:
-        ours, theirs = row[0], row[column]
-        if not theirs or (ours == "lm_head.weight" and cfg.tie_embeddings):
-            continue
-        our_name, our_part, _ = _NAME.fullmatch(ours).groups()
-        their_name, their_part, transform = _NAME.fullmatch(theirs).groups()
-        if i:
-            our_name = f"decoder.layers.{i}.{our_name}"
-            their_name = (arch.hf_layer if fmt == "hf" else "blk.{i}.").format(i=i) + their_name
-        found.append(Link(our_name, our_part, their_name, their_part, transform or ""))
-    return found
-
-
-def _rows(cfg: ModelConfig, part: str) -> int:
-    """How many rows the block ``part`` of a fused tensor has."""
-    if part == "q":
-        return cfg.n_heads * cfg.d_head
-    return cfg.kv_heads * cfg.d_head if part in ("k", "v") else cfg.d_ff  # gate, up: d_ff
-
-
-def _split(tensor: Tensor, parts: list[str | None], cfg: ModelConfig) -> list[Tensor]:
-    if parts == [None]:
-        return [tensor]
-    return list(tensor.split([_rows(cfg, p) for p in parts]))
-
-
-def _grouped(found: list[Link], key: str) -> dict[str, list[Link]]:
-    """Links by their ``key`` tensor ("ours" or "theirs"), each list in the parts' order."""
-    groups: dict[str, list[Link]] = defaultdict(list)
-    for link in found:
-        groups[getattr(link, key)].append(link)
-    part = "our_part" if key == "ours" else "their_part"
-    order = {p: i for i, p in enumerate(PARTS)}
-    return {k: sorted(v, key=lambda x: order.get(getattr(x, part), 0)) for k, v in groups.items()}
-
-
-def permute(weight: Tensor, heads: int) -> Tensor:
-    """Hugging Face's q / k rows -> llama.cpp's: each head's two RoPE halves interleaved (the
-    converter's ``permute``)."""
-    rows = weight.shape[0]
-    halves = weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
-    return halves.transpose(1, 2).reshape(weight.shape)
-
-
-def unpermute(weight: Tensor, heads: int) -> Tensor:
-    """The inverse of :func:`permute`: llama.cpp's q / k rows (heads, d_head / 2, 2) -> (heads,
-    2, d_head / 2), the halves Hugging Face's RoPE pairs."""
-    rows = weight.shape[0]
-    if rows % (2 * heads):
-        raise ValueError(f"unpermute: {rows} rows do not split into {heads} heads of pairs")
-    pairs = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
-    return pairs.transpose(1, 2).reshape(weight.shape)
-
-
-def _heads(cfg: ModelConfig, link: Link) -> int:
-    return cfg.n_heads if link.our_part == "q" else cfg.kv_heads
-
-
-def _from_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
-    if link.transform == "T":
-        return tensor.t()
-    if link.transform == "+1":
-        return tensor + 1
-    return unpermute(tensor, _heads(cfg, link)) if link.transform == "rope" else tensor
-
-
-def _to_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
-    if link.transform == "T":
-        return tensor.t()
-    if link.transform == "+1":
-        return tensor - 1
-    return permute(tensor, _heads(cfg, link)) if link.transform == "rope" else tensor
-
-
-def build(
-    arch: Architecture, fmt: str, cfg: ModelConfig, tensors: Tensors, *,
-    assign: bool = False, placeholders: frozenset[str] = frozenset(),
-) -> DecoderLM:  # fmt: skip
-    """The DecoderLM of ``cfg`` holding ``tensors`` (named as format ``fmt`` names them).
-    Every tensor must be used, with the shape the config gives it. ``placeholders``: attnkit
-    weights to leave unfilled (packed layers replace them next; their file tensors are not
-    read). ``assign``: the tensors become the parameters (no copy)."""
-    model = build_empty(lambda: DecoderLM(cfg))
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found = links(arch, fmt, cfg)
-    if fmt == "hf":
-        names = {link.theirs for link in found}
-        buffers = arch.hf_buffers + (("lm_head.weight",) if cfg.tie_embeddings else ())
-        tensors.discard(lambda n: not n.endswith(buffers))
-        tensors = tensors.rename(lambda n: arch.hf_prefix + n if arch.hf_prefix + n in names else n)
-    pieces: dict[tuple[str, str | None], Tensor] = {}
-    for theirs, group in _grouped(found, "theirs").items():
-        if all(link.ours in placeholders for link in group):
-            tensors.discard(lambda n, skipped=theirs: n != skipped)
-            continue
-        ours = expected[group[0].ours]
-        parts = [link.their_part for link in group]
-        if parts != [None]:  # a fused tensor: its blocks' rows
-            rows = sum(_rows(cfg, p) for p in parts)
-        else:  # all of ours, or one block of it
-            rows = _rows(cfg, group[0].our_part) if group[0].our_part else ours[0]
-        shape = (rows, *ours[1:])
-        if group[0].transform == "T":
-            shape = shape[::-1]
-        tensor = _from_file(tensors.take(theirs, shape), group[0], cfg)
-        for link, piece in zip(group, _split(tensor, parts, cfg), strict=True):
-            pieces[link.ours, link.our_part] = piece
-    state = {}
-    for ours, group in _grouped(found, "ours").items():
-        if ours in placeholders:
-            state[ours] = torch.empty(expected[ours])  # never written: packed layers next
-        else:
-            parts = [pieces[ours, link.our_part] for link in group]
-            state[ours] = torch.cat(parts) if len(parts) > 1 else parts[0]
-    if cfg.tie_embeddings:
-        state["lm_head.weight"] = state["embeddings.tokens.weight"]
-    tensors.check_all_used()
-    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=assign)
-    return model.eval()
-
-
-def weights_to(arch: Architecture, fmt: str, cfg: ModelConfig, state: dict) -> dict[str, Tensor]:
-    """A DecoderLM's ``state`` dict as format ``fmt`` names and lays out its tensors."""
-    found = links(arch, fmt, cfg)
-    pieces = {}
-    for ours, group in _grouped(found, "ours").items():
-        tensor = state[ours].detach().float()
-        parts = [link.our_part for link in group]
-        for link, piece in zip(group, _split(tensor, parts, cfg), strict=True):
-            pieces[link.ours, link.our_part] = piece
-    out = {}
-    for theirs, group in _grouped(found, "theirs").items():
-        tensor = torch.cat([pieces[link.ours, link.our_part] for link in group])
-        out[theirs] = _to_file(tensor, group[0], cfg).contiguous()
-    return out
-
-
-def plan(arch: Architecture, cfg: ModelConfig) -> dict[str, list[tuple[str, slice, int]]]:
-    """attnkit weight -> the GGUF tensors whose rows make it, in order: (name, which of its
-    rows, the heads to unpermute them by or 0). The rows of a weight are its blocks' rows, so
-    a packed layer is made of the file's blocks alone."""
-    found = links(arch, "gguf", cfg)
-    starts: dict[tuple[str, str | None], slice] = {}
-    for theirs, group in _grouped(found, "theirs").items():
-        at = 0
-        for link in group:
-            n = _rows(cfg, link.their_part) if link.their_part else None
-            starts[theirs, link.their_part] = slice(at, None if n is None else at + n)
-            at += n or 0
-    return {
-        ours: [
-            (
-                link.theirs,
-                starts[link.theirs, link.their_part],
-                _heads(cfg, link) if link.transform == "rope" else 0,
-            )
-            for link in group
-        ]
-        for ours, group in _grouped(found, "ours").items()
-    }

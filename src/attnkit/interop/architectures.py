@@ -1,4 +1,4 @@
-"""The decoder-only architectures attnkit reads and writes, one description each.
+"""The architectures attnkit reads and writes, one description each.
 
 Each is an :class:`~attnkit.interop.architecture.Architecture`: its config keys and its tensors
 as ``(attnkit, Hugging Face, GGUF)`` rows, inside ``decoder.layers.{i}``, ``model.layers.{i}``
@@ -17,14 +17,35 @@ tensor's rows (q, k, v, gate, up), and in ``~T`` (stored transposed), ``~+1`` (s
                                          window layers with a global one every k
     gpt2          gpt2           gpt2    LayerNorm, learned positions, GELU, biases, Conv1D
 
+    encoders      HF model_type  attnkit model     what it is
+    bert          bert           EncoderModel       Post-LN, learned positions, token types,
+                                                    a norm after the embeddings, a pooler
+    roberta       roberta,       EncoderModel       BERT with positions counted from
+                  xlm-roberta                       pad_id + 1
+    xlm-roberta-xl  xlm-roberta-xl  EncoderModel    Pre-LN, a final norm, none after the
+                                                    embeddings (what Pre-LN encoders export as)
+    ...-classifier  (the same)   EncoderClassifier  the encoder and its head (the pooler and
+                                                    the classifier)
+
 Adding an architecture is adding a description here (and the layer pieces it lacks, if any).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from attnkit.interop.architecture import Architecture, Field, refusal
 
-__all__ = ["ARCHITECTURES", "by_gguf", "by_hf_type", "for_model", "gguf_names", "takers"]
+__all__ = [
+    "ARCHITECTURES",
+    "ENCODERS",
+    "by_gguf",
+    "by_hf",
+    "for_model",
+    "gguf_names",
+    "hf_types",
+    "takers",
+]
 
 
 def _sizes(head_dim: int | None = None) -> tuple[Field, ...]:
@@ -80,7 +101,7 @@ LLAMA = Architecture(
     fields=_sizes(),
     hf_fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
     hf_ignored=("pretraining_tp",),  # sliced products in old transformers: the same numbers
-    hf_buffers=("rotary_emb.inv_freq",),
+    hf_unused=r".*rotary_emb\.inv_freq",  # old checkpoints' buffers
     top=_TOP,
     layer=(
         ("norm1.weight", "input_layernorm.weight", "attn_norm.weight"),
@@ -249,7 +270,7 @@ GPT2 = Architecture(
     ),
     hf_layer="transformer.h.{i}.",
     hf_prefix="transformer.",
-    hf_buffers=(".attn.bias", ".attn.masked_bias"),  # old checkpoints' causal masks
+    hf_unused=r".*\.attn\.(masked_)?bias",  # old checkpoints' causal masks
     tied=True,
     top=(
         ("embeddings.tokens.weight", "transformer.wte.weight", "token_embd.weight"),
@@ -273,14 +294,176 @@ GPT2 = Architecture(
         ("ffn.down.bias", "mlp.c_proj.bias", "ffn_down.bias"),
     ),
 )
-# fmt: on
 
-# In the order export tries them for a model that names none (cfg.extra["source"])
+_HIDDEN_ACT = {  # config.json's hidden_act -> (activation, GELU approximation)
+    "gelu": ("gelu", "none"), "gelu_pytorch_tanh": ("gelu", "tanh"), "gelu_new": ("gelu", "tanh"),
+    "relu": ("relu", "none"),
+}
+_ENCODER_FIELDS = (
+    Field("vocab_size", "vocab_size", None),
+    Field("d_model", "hidden_size", None),
+    Field("n_heads", "num_attention_heads", None),
+    Field("n_layers", "num_hidden_layers", None),
+    Field("d_ff", "intermediate_size", None),
+    Field("max_len", "max_position_embeddings", None, 512),
+    Field("norm_eps", "layer_norm_eps", None, 1e-12, "positive"),
+    Field("dropout", "hidden_dropout_prob", None, 0.1, "dropout"),
+    Field("attention_dropout", "attention_probs_dropout_prob", None, 0.1, "dropout"),
+    Field("type_vocab_size", "type_vocab_size", None, 2),
+    Field(("activation", "gelu_approximation"), "hidden_act", None, "gelu", _HIDDEN_ACT),
+)
+_ENCODER_LAYER = (  # BERT's names inside encoder.layer.{i}
+    ("self_attn.in_proj.weight[q]", "attention.self.query.weight"),
+    ("self_attn.in_proj.weight[k]", "attention.self.key.weight"),
+    ("self_attn.in_proj.weight[v]", "attention.self.value.weight"),
+    ("self_attn.in_proj.bias[q]", "attention.self.query.bias"),
+    ("self_attn.in_proj.bias[k]", "attention.self.key.bias"),
+    ("self_attn.in_proj.bias[v]", "attention.self.value.bias"),
+    ("self_attn.out_proj.weight", "attention.output.dense.weight"),
+    ("self_attn.out_proj.bias", "attention.output.dense.bias"),
+    ("ffn.up.weight", "intermediate.dense.weight"),
+    ("ffn.up.bias", "intermediate.dense.bias"),
+    ("ffn.down.weight", "output.dense.weight"),
+    ("ffn.down.bias", "output.dense.bias"),
+)
+_EMBEDDINGS = (
+    ("embeddings.tokens.weight", "embeddings.word_embeddings.weight"),
+    ("embeddings.positions.embedding.weight", "embeddings.position_embeddings.weight"),
+    ("embeddings.token_types.weight", "embeddings.token_type_embeddings.weight"),
+)
+_POOLER = (("pooler.weight", "pooler.dense.weight"), ("pooler.bias", "pooler.dense.bias"))
+BERT = Architecture(
+    name="bert",
+    title="BERT",
+    family="encoder",
+    hf_types=("bert",),
+    hf_classes=("BertModel", "BertForMaskedLM", "BertForPreTraining"),
+    gguf=None,
+    fixed=dict(position="learned", norm="post", norm_type="layernorm", bias=True,
+               embedding_norm=True),
+    free=frozenset({"type_vocab_size", "pooler"}),
+    fields=_ENCODER_FIELDS,
+    hf_fixed={"position_embedding_type": "absolute", "is_decoder": False},
+    hf_prefix="bert.",
+    hf_unused=r"cls\..*|.*embeddings\.position_ids",  # pretraining heads; a buffer
+    hf_renames=((r"\.gamma$", ".weight"), (r"\.beta$", ".bias")),  # older LayerNorm names
+    optional={"pooler.": "pooler"},  # BertForMaskedLM has none
+    pad_is_eos=False,
+    our_layer="encoder.layers.{i}.",
+    hf_layer="encoder.layer.{i}.",
+    top=(
+        *_EMBEDDINGS,
+        ("embeddings.norm.weight", "embeddings.LayerNorm.weight"),
+        ("embeddings.norm.bias", "embeddings.LayerNorm.bias"),
+        *_POOLER,
+    ),
+    layer=(
+        *_ENCODER_LAYER,
+        ("norm1.weight", "attention.output.LayerNorm.weight"),
+        ("norm1.bias", "attention.output.LayerNorm.bias"),
+        ("norm2.weight", "output.LayerNorm.weight"),
+        ("norm2.bias", "output.LayerNorm.bias"),
+    ),
+)
+ROBERTA = replace(  # BERT's names inside roberta.; a token at t reads position pad_id + 1 + t
+    BERT,
+    name="roberta",
+    title="RoBERTa",
+    hf_types=("roberta", "xlm-roberta"),
+    hf_classes=("RobertaModel", "RobertaForMaskedLM", "XLMRobertaModel",
+                "XLMRobertaForMaskedLM"),
+    hf_prefix="roberta.",
+    hf_unused=r"lm_head\..*|.*embeddings\.(position|token_type)_ids",
+    position_offset=True,
+    top=((BERT.top[0]), ("embeddings.positions.embedding.weight",
+                         "embeddings.position_embeddings.weight~offset"), *BERT.top[2:]),
+)
+XLMR_XL = replace(  # Pre-LN: a norm before each sublayer, one after the stack
+    ROBERTA,
+    name="xlm-roberta-xl",
+    title="XLM-RoBERTa-XL",
+    hf_types=("xlm-roberta-xl",),
+    hf_classes=("XLMRobertaXLModel", "XLMRobertaXLForMaskedLM"),
+    fixed={**BERT.fixed, "norm": "pre", "embedding_norm": False},
+    top=(
+        *ROBERTA.top[:3],
+        ("encoder.norm.weight", "encoder.LayerNorm.weight"),
+        ("encoder.norm.bias", "encoder.LayerNorm.bias"),
+        *_POOLER,
+    ),
+    layer=(
+        *_ENCODER_LAYER,
+        ("norm1.weight", "attention.self_attn_layer_norm.weight"),
+        ("norm1.bias", "attention.self_attn_layer_norm.bias"),
+        ("norm2.weight", "LayerNorm.weight"),
+        ("norm2.bias", "LayerNorm.bias"),
+    ),
+)
+
+
+def _classifier(encoder: Architecture, classes: tuple[str, ...], pooler: str, head: str):
+    """``encoder``'s ...ForSequenceClassification: the encoder inside ``encoder.`` (attnkit)
+    and its prefix (Hugging Face), then ``tanh(pooler h_0)`` and the linear ``head``."""
+    prefix = encoder.hf_prefix
+    body = [(f"encoder.{o}", prefix + t) for o, t in encoder.top if not o.startswith("pooler.")]
+    return replace(
+        encoder,
+        name=f"{encoder.name}-classifier",
+        family="classifier",
+        hf_classes=classes,
+        fixed={**encoder.fixed, "pooler": True},
+        optional={},
+        our_layer=f"encoder.{encoder.our_layer}",
+        hf_layer=prefix + encoder.hf_layer,
+        top=(
+            *body,
+            *((f"encoder.pooler.{p}", f"{pooler}.{p}") for p in ("weight", "bias")),
+            *((f"classifier.{p}", f"{head}.{p}") for p in ("weight", "bias")),
+        ),
+    )
+
+
+# fmt: on
+ENCODERS = (
+    BERT,
+    _classifier(BERT, ("BertForSequenceClassification",), "bert.pooler.dense", "classifier"),
+    ROBERTA,
+    _classifier(
+        ROBERTA,
+        ("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"),
+        "classifier.dense",
+        "classifier.out_proj",
+    ),
+    XLMR_XL,
+    _classifier(
+        XLMR_XL,
+        ("XLMRobertaXLForSequenceClassification",),
+        "classifier.dense",
+        "classifier.out_proj",
+    ),
+)  # fmt: skip
+
+# The decoders, in the order export tries them for a model trained in attnkit
 ARCHITECTURES = {a.name: a for a in (LLAMA, GPT2, QWEN2, QWEN3, PHI3, GEMMA3, MISTRAL)}
 
 
-def by_hf_type(model_type: str) -> Architecture | None:
-    return next((a for a in ARCHITECTURES.values() if model_type in a.hf_types), None)
+def hf_types() -> list[str]:
+    """Every ``model_type`` attnkit reads."""
+    every = [*ARCHITECTURES.values(), *ENCODERS]
+    return sorted({t for a in every for t in a.hf_types})
+
+
+def by_hf(model_type: str, name: str | None) -> Architecture:
+    """The description of ``model_type`` whose classes hold ``name`` (None: the first of its
+    kind); a ValueError naming the classes attnkit reads."""
+    found = [a for a in (*ARCHITECTURES.values(), *ENCODERS) if model_type in a.hf_types]
+    for arch in found:
+        if name is None or name in arch.hf_classes:
+            return arch
+    classes = [c for a in found for c in a.hf_classes]
+    raise ValueError(
+        f"{found[0].title} architecture {name!r} is not supported; attnkit reads {classes}"
+    )
 
 
 def by_gguf(name: str) -> Architecture | None:

