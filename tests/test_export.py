@@ -7,7 +7,9 @@ the ``gguf`` package (every key and tensor), by transformers' GGUF loader and by
 packed loader.
 """
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf import GGMLQuantizationType as Q
 
 import attnkit as ak
 from attnkit.data import BPETokenizer, CharTokenizer
 from attnkit.interop.pretrained import load_tokenizer_for
+from attnkit.serve.chat import chat_template_for
 from ties import greedy_ties
 
 NOTES = [
@@ -216,6 +220,41 @@ def test_the_shipped_minilm_exports_as_bert(tmp_path):
             torch.testing.assert_close(ours(torch.tensor([ids])), hidden, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_the_shipped_decoders_export_to_both_formats_and_read_back(tmp_path, name):
+    """The shipped SmolLM2 (llama) and Gemma 3 files, dequantized, out as a Hugging Face
+    directory in bfloat16 (transformers reads it: the logits to bfloat16's rounding) and as a
+    Q8_0 GGUF file (read back by gguf's reader and by attnkit: the logits to Q8_0's); the
+    tokenizer and the chat template go along."""
+    ours, tokenizer = ak.from_pretrained(name), load_tokenizer_for(name)
+    template = chat_template_for(name)
+    ids = torch.tensor([tokenizer.encode(NOTES[0])])
+    with torch.no_grad():
+        want = ours(ids)
+    scale = want.abs().max()
+    out = ak.export(ours, tmp_path / "hf", dtype="bf16", tokenizer=tokenizer,
+                    chat_template=template)  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == {"smollm2": "llama", "gemma3": "gemma3_text"}[name]
+    assert config["torch_dtype"] == "bfloat16"
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert transformers.AutoTokenizer.from_pretrained(out)(NOTES[0]).input_ids == ids[0].tolist()
+    with torch.no_grad():
+        assert (theirs(ids).logits - want).abs().max() <= 0.05 * scale
+    path = ak.export(ours, tmp_path / "gguf", format="gguf", quant="q8_0", tokenizer=tokenizer,
+                     chat_template=template)  # fmt: skip
+    fields = gguf.GGUFReader(path).fields
+    assert fields["general.architecture"].contents() == ours.cfg.extra["source"]
+    assert fields["general.name"].contents() == "gguf"
+    assert fields["tokenizer.chat_template"].contents() == template
+    read = ak.from_pretrained(path)
+    assert read.cfg.to_dict() | {"extra": {}, "norm_eps": 0} == ours.cfg.to_dict() | {
+        "extra": {}, "norm_eps": 0}  # fmt: skip
+    with torch.no_grad():
+        assert (read(ids) - want).abs().max() <= 0.05 * scale
+    assert load_tokenizer_for(path).encode(NOTES[0]) == ids[0].tolist()
+
+
 # (quantization, tolerance of the file's logits against the model's, relative to their scale)
 GGUF_TYPES = [("f32", None, 1e-5), ("f16", None, 5e-3), ("bf16", None, 3e-2),
               ("f32", "q8_0", 2e-2), ("f32", "q4_0", 2e-1), ("f32", "q4_1", 2e-1)]  # fmt: skip
@@ -262,19 +301,80 @@ def test_gguf_files_read_back_by_gguf_transformers_and_attnkit(
         )
 
 
+# llama.cpp's tensor names for the Hugging Face ones, as its converter's TensorNameMap has them
+GGUF_NAMES = {
+    "gpt2": {"transformer.wte": "token_embd", "transformer.wpe": "position_embd",
+             "transformer.ln_f": "output_norm", "ln_1": "attn_norm", "attn.c_attn": "attn_qkv",
+             "attn.c_proj": "attn_output", "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up",
+             "mlp.c_proj": "ffn_down"},
+    "llama": {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+              "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"},
+}  # fmt: skip
+
+
+def _gguf_tensors(model, arch):
+    """What llama.cpp's converter would write for ``model``, from its Hugging Face state dict
+    (which transformers checks above): GGUF names, GPT-2's Conv1D weights transposed back,
+    Llama's q / k rows in llama.cpp's order (the converter's own permute)."""
+    from test_interop_gguf import llama_cpp_permute
+
+    cfg, (_, state) = model.cfg, ak.interop.to_hf(model)
+    found = {}
+    for name, tensor in state.items():
+        stem, part = name.rsplit(".", 1)
+        array = tensor.numpy()
+        if name == "lm_head.weight":
+            if not cfg.tie_embeddings:
+                found["output.weight"] = array
+            continue
+        layer = re.fullmatch(r"(?:transformer\.h|model\.layers)\.(\d+)\.(.*)", stem)
+        if layer is None:
+            found[f"{GGUF_NAMES[arch][stem]}.{part}"] = array
+            continue
+        i, inner = layer.groups()
+        if arch == "gpt2" and part == "weight" and inner.endswith(("c_attn", "c_proj", "c_fc")):
+            array = array.T
+        if inner in ("self_attn.q_proj", "self_attn.k_proj"):
+            array = llama_cpp_permute(array, cfg.n_heads, cfg.n_heads if "q_" in inner
+                                      else cfg.kv_heads)  # fmt: skip
+        found[f"blk.{i}.{GGUF_NAMES[arch][inner]}.{part}"] = array
+    return found
+
+
+def _stored(array, kind):
+    """``array`` as a GGUF file stores it in type ``kind`` (the bytes)."""
+    if kind == Q.F32:
+        return array.astype(np.float32)
+    if kind == Q.F16:
+        return array.astype(np.float16)
+    if kind == Q.BF16:
+        return torch.from_numpy(array).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), kind)
+
+
 def _check_with_gguf_reader(path, model, tokenizer, arch, dtype, quant):
-    """Every key and every tensor, as gguf's own reader sees them."""
+    """Every key and every tensor, as gguf's own reader sees them: the keys' values, and each
+    tensor's type and bytes against the model's weights stored by gguf.quants itself."""
     cfg = model.cfg
     reader = gguf.GGUFReader(path)
     fields = {name: field.contents() for name, field in reader.fields.items()}
+    tokens = [tokenizer.id_to_token(i) for i in range(cfg.vocab_size)]
+    bpe = isinstance(tokenizer, BPETokenizer)
+    types = [3] * 5 + [1] * (cfg.vocab_size - 5)  # the specials (0-4): control tokens
+    if not bpe:
+        types[tokenizer.unk_id] = 2  # SentencePiece's unknown
     expected = {
-        "general.architecture": arch,
-        f"{arch}.context_length": cfg.max_len,
-        f"{arch}.embedding_length": cfg.d_model,
-        f"{arch}.feed_forward_length": cfg.d_ff,
-        f"{arch}.block_count": cfg.n_layers,
-        f"{arch}.attention.head_count": cfg.n_heads,
-        "tokenizer.ggml.model": "gpt2" if isinstance(tokenizer, BPETokenizer) else "llama",
+        "GGUF.version": 3, "GGUF.tensor_count": len(reader.tensors), "GGUF.kv_count": None,
+        "general.architecture": arch, "general.name": "out",
+        f"{arch}.context_length": cfg.max_len, f"{arch}.embedding_length": cfg.d_model,
+        f"{arch}.feed_forward_length": cfg.d_ff, f"{arch}.block_count": cfg.n_layers,
+        f"{arch}.attention.head_count": cfg.n_heads, f"{arch}.vocab_size": cfg.vocab_size,
+        "tokenizer.ggml.model": "gpt2" if bpe else "llama",
+        "tokenizer.ggml.tokens": tokens if bpe else [t.replace(" ", "▁") for t in tokens],
+        "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.bos_token_id": tokenizer.bos_id,
         "tokenizer.ggml.eos_token_id": tokenizer.eos_id,
         "tokenizer.ggml.padding_token_id": tokenizer.pad_id,
@@ -286,51 +386,39 @@ def _check_with_gguf_reader(path, model, tokenizer, arch, dtype, quant):
             {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16"}.get(
                 dtype if quant is None else "", f"MOSTLY_{(quant or '').upper()}")]),
     }  # fmt: skip
+    if quant:
+        expected["general.quantization_version"] = gguf.GGML_QUANT_VERSION
     if arch == "llama":
         expected.update({"llama.attention.head_count_kv": cfg.kv_heads,
+                         "llama.attention.key_length": cfg.d_head,
+                         "llama.attention.value_length": cfg.d_head,
                          "llama.rope.freq_base": cfg.rope_theta,
                          "llama.rope.dimension_count": cfg.d_head,
-                         "llama.vocab_size": cfg.vocab_size,
+                         "llama.attention.layer_norm_rms_epsilon": pytest.approx(cfg.norm_eps),
                          "tokenizer.ggml.pre": "gpt-2"})  # fmt: skip
-        assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg.norm_eps)
     else:
-        assert fields["gpt2.attention.layer_norm_epsilon"] == pytest.approx(cfg.norm_eps)
+        expected["gpt2.attention.layer_norm_epsilon"] = pytest.approx(cfg.norm_eps)
+    if bpe:
+        merges = fields["tokenizer.ggml.merges"]
+        assert len(merges) == cfg.vocab_size - BPETokenizer.MIN_VOCAB_SIZE
+        expected["tokenizer.ggml.merges"] = merges  # (their own test: the tokenizer's read-back)
+    else:
+        expected.update({"tokenizer.ggml.scores": [0.0] * cfg.vocab_size,
+                         "tokenizer.ggml.add_space_prefix": False})  # fmt: skip
+    assert set(fields) == set(expected), set(fields) ^ set(expected)
     for key, value in expected.items():
-        assert fields[key] == value, (key, fields.get(key), value)
-    tokens = fields["tokenizer.ggml.tokens"]
-    assert len(tokens) == cfg.vocab_size
-    if isinstance(tokenizer, BPETokenizer):
-        assert tokens == [tokenizer.id_to_token(i) for i in range(cfg.vocab_size)]
-        assert len(fields["tokenizer.ggml.merges"]) == cfg.vocab_size - BPETokenizer.MIN_VOCAB_SIZE
-    else:
-        assert tokens == [tokenizer.id_to_token(i).replace(" ", "▁") for i in range(cfg.vocab_size)]
-    types = fields["tokenizer.ggml.token_type"]
-    assert [i for i, t in enumerate(types) if t != 1] == list(range(5))  # the specials
-    tensors = {t.name: t for t in reader.tensors}
-    per_layer = (["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
-                 if arch == "gpt2" else ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"])  # fmt: skip
-    names = {"token_embd.weight", "output_norm.weight"}
-    names |= {f"blk.{i}.{p}.weight" for i in range(cfg.n_layers) for p in per_layer}
-    if arch == "gpt2":
-        names |= {"position_embd.weight", "output_norm.bias"}
-        names |= {f"blk.{i}.{p}.bias" for i in range(cfg.n_layers) for p in per_layer}
-    if not cfg.tie_embeddings:
-        names.add("output.weight")
-    assert set(tensors) == names
-    for name, tensor in tensors.items():
-        vector = len(tensor.shape) == 1 or tensor.shape[1] == 1
-        kind = tensor.tensor_type.name
-        if vector:
-            assert kind == "F32", name
-        elif name == "position_embd.weight" or quant is None:
-            assert kind == dtype.upper(), name
-        elif quant != "q8_0" and name in ("token_embd.weight", "output.weight"):
-            assert kind == "Q8_0", name
-        else:
-            assert kind == quant.upper(), name
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        assert np.isfinite(np.asarray(values, dtype=np.float32)).all(), name
+        if value is not None:
+            assert fields[key] == value, (key, fields.get(key), value)
+    weights = _gguf_tensors(model, arch)
+    assert {t.name for t in reader.tensors} == set(weights)
+    for tensor in reader.tensors:
+        name, array = tensor.name, weights[tensor.name]
+        kind = Q.F32 if array.ndim == 1 else Q[dtype.upper()]
+        if array.ndim == 2 and quant and name != "position_embd.weight":
+            big = name in ("token_embd.weight", "output.weight")  # Q8_0 beside 4-bit blocks
+            kind = Q.Q8_0 if big else Q[quant.upper()]
+        assert tensor.tensor_type == kind, name
+        assert np.asarray(tensor.data).tobytes() == _stored(array, kind).tobytes(), name
 
 
 def test_refusals_are_one_line_and_write_nothing(tmp_path):

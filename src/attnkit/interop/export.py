@@ -107,7 +107,7 @@ def export(
             quant=quant,
             tokenizer=tokenizer,
             chat_template=chat_template,
-            name=(card or {}).get("name"),
+            name=(card or {}).get("name") or path.name,
         )
         (tmp / "README.md").write_text(model_card(model, "gguf", dtype, quant, card), "utf-8")
     return path / name

@@ -5,7 +5,7 @@ The architecture is the model's description (:func:`attnkit.interop.hf_export.hf
 says everything else: the ``<arch>.*`` keys (:func:`~attnkit.interop.architecture.gguf_metadata`)
 and the tensors, named as llama.cpp's ``convert_hf_to_gguf.py`` names them and laid out as it
 does (Llama's q and k rows in llama.cpp's RoPE order, Phi-3's fused blocks;
-:func:`~attnkit.interop.architecture.weights_to`). A Llama 3 RoPE scaling goes in as
+:func:`~attnkit.interop.weights.weights_to`). A Llama 3 RoPE scaling goes in as
 ``rope_freqs``, as the converter writes it.
 
 Types: norms and biases are F32, as llama.cpp's converter keeps them. The matrices are
@@ -36,9 +36,10 @@ import torch
 from torch import Tensor
 
 from attnkit.accel.block_formats import QUANT_TYPES
-from attnkit.interop.architecture import gguf_metadata, weights_to
+from attnkit.interop.architecture import gguf_metadata
 from attnkit.interop.architectures import ARCHITECTURES
 from attnkit.interop.hf_export import hf_layout, refuse
+from attnkit.interop.weights import weights_to
 from attnkit.models import DecoderLM
 from attnkit.position import rope_frequencies
 
@@ -114,7 +115,7 @@ def write_gguf(
             writer.add_uint32(key, value)
         else:
             writer.add_float32(key, value)
-    _add_tokenizer(writer, vocabulary, tokenizer, chat_template)
+    _add_tokenizer(writer, vocabulary, chat_template)
     tensors = weights_to(arch, "gguf", cfg, model.state_dict())
     if cfg.rope_scaling and cfg.rope_scaling["rope_type"] != "linear":  # Llama 3's factors
         plain = rope_frequencies(cfg.rotary_dim or cfg.d_head, cfg.rope_theta)
@@ -130,14 +131,34 @@ def write_gguf(
     writer.close()
 
 
+# tokenizer.ggml.<key> -> how GGUFWriter writes it (uint32 ids, int32 token types, ...)
+_WRITERS = {
+    "model": "add_tokenizer_model", "pre": "add_tokenizer_pre", "tokens": "add_token_list",
+    "token_type": "add_token_types", "scores": "add_token_scores", "merges": "add_token_merges",
+    "bos_token_id": "add_bos_token_id", "eos_token_id": "add_eos_token_id",
+    "unknown_token_id": "add_unk_token_id", "padding_token_id": "add_pad_token_id",
+    "seperator_token_id": "add_sep_token_id", "add_bos_token": "add_add_bos_token",
+    "add_eos_token": "add_add_eos_token", "add_sep_token": "add_add_sep_token",
+    "add_space_prefix": "add_add_space_prefix",
+}  # fmt: skip
+
+
 def _vocabulary(tokenizer) -> dict:
-    """The ``tokenizer.ggml.*`` values for ``tokenizer``; a ValueError for one GGUF cannot hold."""
+    """The ``tokenizer.ggml.*`` values for ``tokenizer`` (a GGUF file's own tokenizer: the
+    values it was read from); a ValueError for one GGUF cannot hold."""
     from attnkit.data.tokenizer import CharTokenizer
     from attnkit.interop.tokenizer import PRE_TOKENIZERS, pre_tokenizer
 
+    if getattr(tokenizer, "gguf", None):
+        return dict(tokenizer.gguf)
     n = tokenizer.vocab_size
     tokens = [tokenizer.id_to_token(i) for i in range(n)]
     special = {getattr(tokenizer, f"{r}_id", None) for r in ("pad", "bos", "eos", "unk", "cls")}
+    ids = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
+           "pad": "padding_token_id"}  # fmt: skip
+    found = {key: getattr(tokenizer, f"{role}_id", None) for role, key in ids.items()}
+    found = {k: v for k, v in found.items() if v is not None}
+    found.update(add_bos_token=False, add_eos_token=False)  # attnkit's models read none
     types = [CONTROL if i in special else NORMAL for i in range(n)]
     if isinstance(tokenizer, CharTokenizer):  # SentencePiece, one token per character
         if "▁" in tokens:
@@ -148,30 +169,28 @@ def _vocabulary(tokenizer) -> dict:
                 "SentencePiece writes a space as '▁'; use format='hf'",
             )
         types[tokenizer.unk_id] = UNKNOWN
-        return {
-            "model": "llama",
-            "tokens": [t.replace(" ", "▁") for t in tokens],
-            "types": types,
-            "scores": [0.0] * n,
-        }
+        tokens = [t.replace(" ", "▁") for t in tokens]
+        return {"model": "llama", "tokens": tokens, "token_type": types, "scores": [0.0] * n,
+                "add_space_prefix": False, **found}  # fmt: skip
     data = json.loads(tokenizer.hf.to_str())
     model = data.get("model") or {}
-    found = data.get("pre_tokenizer")
+    split = data.get("pre_tokenizer")
     names = [name for name in PRE_TOKENIZERS if name not in ("default", "gpt2")]  # aliases
-    pre = next((name for name in names if _json_of(pre_tokenizer(name)) == found), None)
+    pre = next((name for name in names if _json_of(pre_tokenizer(name)) == split), None)
     if model.get("type") != "BPE" or model.get("byte_fallback") or pre is None:
         raise refuse(
             "tokenizer",
-            f"{model.get('type')} with pre-tokenizer {(found or {}).get('type')}",
+            f"{model.get('type')} with pre-tokenizer {(split or {}).get('type')}",
             "GGUF",
-            "attnkit writes byte-level BPE (GPT-2's or a named llama.cpp split) and "
-            "its char tokenizer; use format='hf'",
+            "attnkit writes byte-level BPE (GPT-2's or a named llama.cpp split), its char "
+            "tokenizer and the tokenizer of a GGUF file; use format='hf'",
         )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     for added in data.get("added_tokens", []):
         if added.get("special"):
             types[added["id"]] = CONTROL
-    return {"model": "gpt2", "pre": pre, "tokens": tokens, "types": types, "merges": merges}
+    return {"model": "gpt2", "pre": pre, "tokens": tokens, "token_type": types,
+            "merges": merges, **found}  # fmt: skip
 
 
 def _json_of(pre) -> dict:
@@ -183,28 +202,16 @@ def _json_of(pre) -> dict:
     return json.loads(tokenizer.to_str())["pre_tokenizer"]
 
 
-def _add_tokenizer(writer, vocabulary: dict, tokenizer, chat_template: str | None) -> None:
-    writer.add_tokenizer_model(vocabulary["model"])
-    if "pre" in vocabulary:
-        writer.add_tokenizer_pre(vocabulary["pre"])
-    writer.add_token_list(vocabulary["tokens"])
-    writer.add_token_types(vocabulary["types"])
-    if "scores" in vocabulary:
-        writer.add_token_scores(vocabulary["scores"])
-        writer.add_add_space_prefix(False)
-    if "merges" in vocabulary:
-        writer.add_token_merges(vocabulary["merges"])
-    ids = {
-        "bos": writer.add_bos_token_id,
-        "eos": writer.add_eos_token_id,
-        "unk": writer.add_unk_token_id,
-        "pad": writer.add_pad_token_id,
-    }
-    for role, add in ids.items():
-        token_id = getattr(tokenizer, f"{role}_id", None)
-        if token_id is not None:
-            add(token_id)
-    writer.add_add_bos_token(False)
-    writer.add_add_eos_token(False)
+def _add_tokenizer(writer, vocabulary: dict, chat_template: str | None) -> None:
+    import gguf
+
+    for key, value in vocabulary.items():
+        if key in _WRITERS:
+            getattr(writer, _WRITERS[key])(value)
+        elif key.endswith("_id"):  # llama.cpp reads token ids as uint32
+            writer.add_uint32(f"tokenizer.ggml.{key}", value)
+        else:
+            kind = gguf.GGUFValueType.get_type(value)
+            writer.add_key_value(f"tokenizer.ggml.{key}", value, kind)
     if chat_template:
         writer.add_chat_template(chat_template)

@@ -13,8 +13,9 @@ this module rebuilds with the ``tokenizers`` library alone (``transformers`` is 
     tokenizer.ggml.model   what it is                      how it is rebuilt
     "gpt2"                 byte-level BPE (GPT-2, Llama 3)  BPE(tokens, merges), ByteLevel; the
                                                             split regex from tokenizer.ggml.pre
-    "llama"                SentencePiece BPE (Llama 1, 2)   BPE(tokens, merges from the scores),
-                                                            byte fallback, "▁" for spaces
+    "llama"                SentencePiece BPE (Llama 1, 2,   BPE(tokens, merges from the scores),
+                           Mistral, Phi-3, Gemma)           byte fallback, "▁" for spaces and
+                                                            in front of every text
 
 ``tokenizer.ggml.token_type`` marks control tokens (3: special, skipped by ``decode``) and
 user-defined ones (4: kept whole); ``add_bos_token`` / ``add_eos_token`` give the template.
@@ -31,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers import Tokenizer as HFTokenizer
 
 from attnkit.files import cache_dir, read_json
@@ -62,6 +71,10 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # tokenizer.ggml.pre -> (the regexes that split text into words before BPE, one after the
 # other, as llama.cpp's llama-vocab.cpp lists them; whether whole words skip the merges).
 # None: tokenizers' ByteLevel(use_regex=True), which is GPT-2's own split.
@@ -73,6 +86,7 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...] | None, bool]] = {
     "llama3": ((_LLAMA3_SPLIT,), True),
     "llama-v3": ((_LLAMA3_SPLIT,), True),
     "smollm": ((r"\p{N}", _GPT2_REGEX), False),  # every digit alone, then GPT-2's split
+    "qwen2": ((_QWEN2_SPLIT,), False),  # Qwen2, Qwen2.5, Qwen3: Llama 3's, digits alone
 }
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -94,8 +108,12 @@ class PretrainedTokenizer:
     """A ``tokenizers.Tokenizer`` with attnkit's tokenizer interface.
 
     ``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``, ``cls_id``, ``sep_id``, ``mask_id``: the
-    special ids the source names (None where it names none). ``hf`` is the wrapped tokenizer.
+    special ids the source names (None where it names none). ``hf`` is the wrapped tokenizer;
+    ``gguf``, for one read from a GGUF file, its ``tokenizer.ggml.*`` values (an export to GGUF
+    writes them back as they were).
     """
+
+    gguf: dict | None = None
 
     def __init__(
         self, tokenizer: HFTokenizer, special_ids: dict[str, int | None], source: str
@@ -389,8 +407,11 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
             )
         )
         prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="▁", prepend_scheme="first" if prefix else "never", split=False
+        # SentencePiece's (and llama.cpp's) dummy prefix: "▁" in front of every text, even one
+        # that starts with a space (tokenizers' Metaspace would not add it there)
+        spaces = [normalizers.Replace(" ", "▁")]
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), *spaces] if prefix else spaces
         )
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         if prefix:
@@ -411,7 +432,10 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
     tokenizer.post_processor = _template(
         tokens, ids["bos"] if add_bos else None, ids["eos"] if add_eos else None
     )
-    return PretrainedTokenizer(tokenizer, ids, source)
+    found = PretrainedTokenizer(tokenizer, ids, source)
+    found.gguf = {k.removeprefix("tokenizer.ggml."): v for k, v in metadata.items()
+                  if k.startswith("tokenizer.ggml.")}  # fmt: skip
+    return found
 
 
 def tokenizer_from_gguf(path: str | os.PathLike[str]) -> PretrainedTokenizer | None:
