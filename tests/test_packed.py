@@ -250,3 +250,27 @@ def test_smollm2_packed_decodes_the_same_tokens():
         assert difference < 1e-3
         out = packs.generate(ids, 24, do_sample=False)
         assert torch.equal(out, floats.generate(ids, 24, do_sample=False))
+
+
+def test_the_table_of_quantization_types_is_ggufs_and_the_kernels_own():
+    """QUANT_TYPES against gguf's ids and block sizes, and against packed.h, where the C code
+    defines its kinds and their bytes: each kernel kind's bytes per 32 weights, and each
+    repacking giving rows of that size."""
+    from attnkit.accel.block_formats import QUANT_TYPES
+
+    kinds = native.kinds()
+    assert set(BLOCK_BYTES) == {k.removesuffix("_BYTES") for k in kinds if k.endswith("_BYTES")}
+    for name, t in QUANT_TYPES.items():
+        qtype = Q[name]
+        assert (qtype.value, *gguf.GGML_QUANT_SIZES[qtype]) == (t.ggml, t.block, t.bytes), name
+        if t.kept is not None:
+            assert kinds[f"{name}_BYTES"] == t.kept == BLOCK_BYTES[name]
+            assert name in packed.KIND_CODES and kinds[name] == packed.KIND_CODES[name]
+        if t.kernel is not None:  # a row of 256 weights, as the kernel will read it
+            rows = torch.zeros(1, t.bytes * 256 // t.block, dtype=torch.uint8)
+            kept = t.repack(rows) if t.repack else rows
+            assert kept.shape == (1, 256 // 32 * BLOCK_BYTES[t.kernel]), name
+        if t.written and t.block > 1:  # gguf.quants writes it
+            assert gguf.quants.quantize(np.ones((1, 256), np.float32), qtype).shape[1] == (
+                t.bytes * 256 // t.block
+            )

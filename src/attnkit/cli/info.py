@@ -1,6 +1,7 @@
 """``attnkit info``: this machine as attnkit sees it: the CPU and its features, the torch build,
-the native kernels' variants, and the speed levers ``accel.prepare`` turns on for training and
-for decoding, with the reason for each one that is off."""
+the native kernels' variants, the speed levers ``accel.prepare`` turns on for training and
+for decoding, with the reason for each one that is off, and the GGUF tensor types attnkit reads,
+packs (and with which kernel) and writes (``accel.block_formats.QUANT_TYPES``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def register(commands) -> None:
             "the native kernels loaded (one per instruction set, built at install; "
             "ATTNKIT_KERNELS=generic|avx2|avx512|amx|off picks one), and which speed levers "
             "accel.prepare turns on for training and for decoding, with the reason for each "
-            "one that is off."
+            "one that is off, and the GGUF tensor types it reads, multiplies packed (with "
+            "which kernel) and writes."
         ),
         epilog="examples:\n  attnkit info\n  ATTNKIT_KERNELS=avx2 attnkit info --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,6 +39,7 @@ def gather() -> dict:
 
     import attnkit
     from attnkit.accel import bf16_products_fast, levers, native
+    from attnkit.accel.block_formats import QUANT_TYPES
 
     flags = native.cpu_flags()
     return {
@@ -57,6 +60,7 @@ def gather() -> dict:
             job: [{"name": lever.name, "on": lever.on, "why": lever.why} for lever in levers(job)]
             for job in ("training", "decoding")
         },
+        "gguf_types": {name: t._asdict() | {"repack": None} for name, t in QUANT_TYPES.items()},
     }
 
 
@@ -87,4 +91,10 @@ def run(args: argparse.Namespace) -> int:
             state = "on " if lever["on"] else "off"
             why = f"  {lever['why']}" if lever["why"] else ""
             print(f"{job if i == 0 else '':<9} {lever['name']:<17} {state}{why}".rstrip())
+    types = facts["gguf_types"]
+    packed = [n if t["kernel"] == n else f"{n} (as {t['kernel']})"
+              for n, t in types.items() if t["kernel"]]  # fmt: skip
+    print(f"gguf      reads {' '.join(types)}")
+    print(f"{'':<9} packs {' '.join(packed)}")
+    print(f"{'':<9} writes {' '.join(n for n, t in types.items() if t['written'])}")
     return 0
