@@ -54,7 +54,7 @@ def run(lengths: list[int], repeats: int) -> list[dict]:
                 q, k, v, is_causal=True, implementation="math"
             ),
             "attnkit fused": lambda q=q, k=k, v=v: ak.scaled_dot_product_attention(
-                q, k, v, is_causal=True, implementation="fused"
+                q, k, v, is_causal=True, implementation="sdpa"
             ),
             "torch.nn.MultiheadAttention": lambda x=x, blocked=blocked: mha(
                 x, x, x, attn_mask=blocked, need_weights=False, is_causal=True

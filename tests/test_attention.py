@@ -60,7 +60,7 @@ def test_fused_equals_math(shape, kind, is_causal, seed):
         q, k, v, mask, is_causal=is_causal, return_weights=True
     )
     out_fused = ak.scaled_dot_product_attention(
-        q, k, v, mask, is_causal=is_causal, implementation="fused"
+        q, k, v, mask, is_causal=is_causal, implementation="sdpa"
     )
     assert out_math.shape == out_fused.shape == (b, h, n, d_v)
     assert weights.shape == (b, h, n, m)
@@ -83,12 +83,12 @@ def test_fused_equals_math(shape, kind, is_causal, seed):
 def test_matches_the_formula_written_out():
     q, k, v = _inputs(0, 2, 3, 5, 7, 8, 4, dtype=torch.float64)
     expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1) @ v
-    for implementation in ("math", "fused"):
+    for implementation in ("math", "sdpa"):
         out = ak.scaled_dot_product_attention(q, k, v, implementation=implementation)
         torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.parametrize("implementation", ["math", "fused"])
+@pytest.mark.parametrize("implementation", ["math", "sdpa"])
 def test_row_with_nothing_to_attend_to_is_zero_with_finite_gradients(implementation):
     q, k, v = _inputs(1, 2, 2, 4, 5, 8, 8, requires_grad=True)
     mask = torch.ones(2, 1, 4, 5, dtype=torch.bool)
@@ -104,7 +104,7 @@ def test_row_with_nothing_to_attend_to_is_zero_with_finite_gradients(implementat
     assert torch.all(q.grad[1] == 0)
 
 
-@pytest.mark.parametrize("implementation", ["math", "fused"])
+@pytest.mark.parametrize("implementation", ["math", "sdpa"])
 def test_all_minus_inf_float_row_is_zero(implementation):
     q, k, v = _inputs(2, 1, 1, 3, 4, 8, 8, requires_grad=True)
     mask = torch.zeros(3, 4)
@@ -125,7 +125,7 @@ def test_weights_put_zero_on_masked_keys_and_rows_sum_to_one():
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 6))
 
 
-@pytest.mark.parametrize("implementation", ["math", "fused"])
+@pytest.mark.parametrize("implementation", ["math", "sdpa"])
 @pytest.mark.parametrize(("n", "m"), [(1, 9), (3, 9), (9, 9), (5, 3)])
 def test_is_causal_is_bottom_right_aligned(implementation, n, m):
     q, k, v = _inputs(4, 2, 3, n, m, 8, 8)
@@ -163,7 +163,7 @@ def test_float_mask_is_added_and_minus_inf_equals_false():
     keep = torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) > 0.3
     keep[:, 0] = True
     as_float = torch.zeros(4, 6).masked_fill(~keep, float("-inf"))
-    for implementation in ("math", "fused"):
+    for implementation in ("math", "sdpa"):
         a = ak.scaled_dot_product_attention(q, k, v, keep, implementation=implementation)
         b = ak.scaled_dot_product_attention(q, k, v, as_float, implementation=implementation)
         torch.testing.assert_close(a, b)
@@ -218,6 +218,6 @@ def test_fused_path_off_the_cpu_never_reads_the_mask_values():
     for mask in (torch.rand(2, 1, 4, 5) > 0.5, torch.zeros(4, 5)):
         for is_causal in (False, True):
             out = ak.scaled_dot_product_attention(
-                q, k, v, mask.to("meta"), is_causal=is_causal, implementation="fused"
+                q, k, v, mask.to("meta"), is_causal=is_causal, implementation="sdpa"
             )
             assert out.shape == (2, 2, 4, 8) and out.device.type == "meta"

@@ -231,7 +231,7 @@ def test_the_kernel_takes_what_it_can_and_leaves_the_rest_to_torch(monkeypatch):
     # a decoder's self-attention through the registry: the fused path hands the padding and the
     # causal flag over unmerged to the kernel the layer chose, and torch's SDPA gets them merged
     assert backends.ATTENTION[accel.FUSED_NAME].fused is attention
-    out = backends.attend(q, k, v, mask=keys, is_causal=True, fused=accel.FUSED_NAME)[0]
+    out = backends.attend(q, k, v, mask=keys, is_causal=True, implementation=accel.FUSED_NAME)[0]
     assert len(calls) == 3
     want = backends.attend(q, k, v, mask=keys, is_causal=True)[0]
     assert len(calls) == 3

@@ -25,7 +25,7 @@ CASES = [
     ("int mask", lambda: sdpa(q, k, v, torch.ones(5, 6, dtype=torch.long)), TypeError, "bool"),
     ("dropout", lambda: sdpa(q, k, v, dropout_p=1.5), ValueError, "dropout_p"),
     ("implementation", lambda: sdpa(q, k, v, implementation="flash"), ValueError, "implementation"),
-    ("fused weights", lambda: sdpa(q, k, v, return_weights=True, implementation="fused"), ValueError, "return_weights"),
+    ("old knob", lambda: sdpa(q, k, v, return_weights=True, implementation="fused"), ValueError, "implementation must be one of"),
     ("causal size", lambda: ak.causal_mask(-1), ValueError, "non-negative"),
     ("padding ids float", lambda: ak.padding_mask(torch.randn(2, 3), 0), TypeError, "integer"),
     ("padding ids 3-d", lambda: ak.padding_mask(torch.ones(2, 3, 4, dtype=torch.long), 0), ValueError, "(B, M)"),

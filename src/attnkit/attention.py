@@ -15,7 +15,6 @@ The whole of attention is one line of the paper (Vaswani et al., 2017, eq. 1)::
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -35,8 +34,6 @@ __all__ = [
     "scaled_dot_product_attention",
 ]
 
-Implementation = Literal["auto", "math", "fused"]
-
 
 def scaled_dot_product_attention(
     q: Tensor,
@@ -48,7 +45,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     scale: float | None = None,
-    implementation: Implementation = "auto",
+    implementation: str = "sdpa",
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Scaled dot-product attention (the paper's eq. 1)::
 
@@ -68,8 +65,9 @@ def scaled_dot_product_attention(
         return_weights: also return the softmax weights (..., N, M) (before dropout). This uses
             the math path.
         scale: the factor on the scores; default ``1 / sqrt(d_k)``.
-        implementation: ``"auto"`` (fused unless weights are asked for), ``"math"`` or
-            ``"fused"``.
+        implementation: a name of ``backends.ATTENTION``: torch's fused ``"sdpa"`` (the
+            default), the explicit ``"math"`` path, or one a speed lever registers. Weights
+            come from the math path whatever the name.
 
     Returns:
         ``out`` (..., N, d_v), or ``(out, weights)`` with ``return_weights=True``. Each row of
@@ -77,9 +75,7 @@ def scaled_dot_product_attention(
         ``-inf``) gets a zero row and a zero output, never NaN, and finite gradients.
     """
     checks.attention_inputs(q, k, v, mask, dropout_p)
-    checks.one_of("implementation", implementation, ("auto", "math", "fused"))
-    if return_weights and implementation == "fused":
-        raise ValueError("return_weights=True needs implementation='math' (or 'auto')")
+    attention_implementation(implementation, "implementation")  # a registered name
     out, weights = attend(
         q, k, v, mask, is_causal, dropout_p, return_weights, scale, implementation
     )
@@ -308,7 +304,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights,
             alibi=None if cross else self.alibi,
             positions=positions,
-            fused=self.attn_implementation,
+            implementation=self.attn_implementation,
         )  # (B, H, N, d_head)
 
     def project(self, x: Tensor, context: Tensor | None = None):

@@ -110,29 +110,31 @@ def register_attention(
     ATTENTION[name] = AttentionImplementation(fused, packed)
 
 
-def attention_implementation(name: str) -> AttentionImplementation:
-    """The registered implementation ``name``; a ValueError names the known ones."""
-    if name not in ATTENTION:
+def attention_implementation(name: str, argument: str = "attn_implementation"):
+    """The registered implementation ``name``; a ValueError names ``argument`` and the known
+    ones."""
+    if not isinstance(name, str) or name not in ATTENTION:
         raise ValueError(
-            f"attn_implementation must be one of {sorted(ATTENTION)}, got {name!r} (a speed "
+            f"{argument} must be one of {sorted(ATTENTION)}, got {name!r} (a speed "
             "lever registers its own when imported: import attnkit.accel for 'attnkit')"
         )
     return ATTENTION[name]
 
 
 def attend(q, k, v, mask=None, is_causal=False, dropout_p=0.0, return_weights=False, scale=None,
-           implementation="auto", fused="sdpa"):  # fmt: skip
+           implementation="sdpa"):  # fmt: skip
     """``softmax(q k^T * scale + mask) v`` for checked inputs; (out, weights or None).
 
-    The math path runs when weights are asked for (or ``implementation="math"``), the
-    registered implementation ``fused`` otherwise (:data:`ATTENTION`: torch's ``"sdpa"`` by
-    default). A query with nothing to attend to gets a zero output, never NaN.
+    The registered implementation ``implementation`` runs (:data:`ATTENTION`: torch's
+    ``"sdpa"`` by default, ``"math"`` the explicit path), and the math path whenever weights
+    are asked for (the one that has them). A query with nothing to attend to gets a zero
+    output, never NaN.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
-    kernel = ATTENTION[fused].fused
-    if implementation == "math" or (implementation == "auto" and (return_weights or not kernel)):
+    kernel = ATTENTION[implementation].fused
+    if return_weights or kernel is None:
         return _math(q, k, v, mask, is_causal, dropout_p, scale)
     gqa = {"enable_gqa": True} if k.dim() >= 3 and k.shape[-3] != q.shape[-3] else {}
     return kernel(
@@ -223,11 +225,12 @@ ATTENTION["sdpa"] = AttentionImplementation(sdpa)
 
 def full_attention(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
                    return_weights=False, alibi: ALiBi | None = None, positions=None,
-                   fused="sdpa"):  # fmt: skip
+                   implementation="sdpa"):  # fmt: skip
     """Every query against every key: the paper's attention (ALiBi's bias joins the mask)."""
     if alibi is not None:
         mask = combine(alibi.bias(positions, keys.positions).to(q.dtype), mask)
-    return attend(q, keys.k, keys.v, mask, is_causal, dropout_p, return_weights, fused=fused)
+    return attend(q, keys.k, keys.v, mask, is_causal, dropout_p, return_weights,
+                  implementation=implementation)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +240,7 @@ def full_attention(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
 
 def window_attention(q, keys: Keys, *, window: int, mask=None, is_causal=False, dropout_p=0.0,
                      return_weights=False, alibi: ALiBi | None = None, positions=None,
-                     fused="sdpa"):  # fmt: skip
+                     implementation="sdpa"):  # fmt: skip
     """Self-attention over a band of ``window`` keys. ``keys.valid`` marks padding (the
     ``mask`` argument, a key padding mask, has already been turned into it)."""
     keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
@@ -246,7 +249,7 @@ def window_attention(q, keys: Keys, *, window: int, mask=None, is_causal=False, 
         slots = keys.valid[:, None, None, :]  # (B, 1, 1, w)
         return full_attention(
             q, keys, mask=slots, dropout_p=dropout_p, return_weights=return_weights,
-            alibi=alibi, positions=positions, fused=fused,
+            alibi=alibi, positions=positions, implementation=implementation,
         )  # fmt: skip
     if return_weights:  # the reference: the math path under the band mask
         band = window_mask(n, window=window, causal=is_causal, device=q.device)
@@ -332,9 +335,10 @@ def feature_map(x: Tensor) -> Tensor:
 
 
 def linear_backend(q, keys: Keys, *, mask=None, is_causal=False, dropout_p=0.0,
-                   return_weights=False, alibi=None, positions=None, fused="sdpa"):  # fmt: skip
-    """Linear attention as a backend (no dropout on its implicit weights, no ALiBi; ``fused``,
-    the softmax kernel, does not apply)."""
+                   return_weights=False, alibi=None, positions=None,
+                   implementation="sdpa"):  # fmt: skip
+    """Linear attention as a backend (no dropout on its implicit weights, no ALiBi;
+    ``implementation``, the softmax kernel, does not apply)."""
     keys = keys.repeat(q.shape[1] // keys.k.shape[1])  # grouped-query attention
     if return_weights:
         if keys.past is not None:

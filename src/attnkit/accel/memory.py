@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
-import os
 import platform
 import sys
 from contextlib import contextmanager
@@ -33,6 +32,8 @@ from functools import cache
 import numpy as np
 from torch import Tensor
 
+from attnkit.accel.switch import Switch, read_environment
+
 __all__ = ["keep_freed_memory", "release_file_pages", "return_freed_memory"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
@@ -40,6 +41,7 @@ _MADV_DONTNEED = 4  # Linux's mman.h
 _MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB from the heap
 _TRIM_THRESHOLD = (1 << 31) - 1  # keep up to 2 GiB of free heap (mallopt takes an int)
 _done: bool | None = None
+keeping = Switch("ATTNKIT_KEEP_MEMORY")  # 0: leave malloc's thresholds as they are
 
 
 def keep_freed_memory() -> bool:
@@ -47,9 +49,8 @@ def keep_freed_memory() -> bool:
     (now or before), False on another C library or with ``ATTNKIT_KEEP_MEMORY=0``."""
     global _done
     if _done is None:
-        _done = os.environ.get("ATTNKIT_KEEP_MEMORY", "1") != "0" and _set_thresholds(
-            _MMAP_THRESHOLD, _TRIM_THRESHOLD
-        )
+        read_environment()
+        _done = keeping.on and _set_thresholds(_MMAP_THRESHOLD, _TRIM_THRESHOLD)
     return _done
 
 

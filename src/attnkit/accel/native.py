@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
+from attnkit.accel.switch import Switch, read_environment
 from attnkit.accel.variants import VARIANTS, X86_ONLY
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
 
 _HERE = Path(__file__).parent
 _ENV = "ATTNKIT_KERNELS"
+_kernels = Switch(_ENV)  # a variant's name, or off (read by read_environment)
 # structs.h's structs, in attnkit_struct_size's order
 STRUCTS = ("View", "Shape", "LlamaLayer", "LlamaCache")
 
@@ -225,7 +227,8 @@ def _warn(message: str) -> None:
 def _choose() -> str | None:
     """The variant to load, by ``ATTNKIT_KERNELS`` or the best this CPU runs; None with a
     warning when none can be loaded."""
-    wanted = os.environ.get(_ENV, "").strip().lower()
+    read_environment()
+    wanted = _kernels.value.lower()
     if wanted == "off":
         return None
     if wanted:
@@ -286,6 +289,7 @@ def status() -> list[dict]:
     """Every variant: its name, whether it is built, whether this CPU runs it, whether it is the
     one in use, and why not where it is not (``attnkit info`` prints it)."""
     active = variant()
+    read_environment()
     rows = []
     for name, spec in VARIANTS.items():
         path = library_path(name)
@@ -297,9 +301,7 @@ def status() -> list[dict]:
         elif not row["built"]:
             row["why"] = "not built"
         elif not row["active"]:
-            row["why"] = (
-                f"off ({_ENV}={os.environ[_ENV]})" if os.environ.get(_ENV) else "a better one runs"
-            )
+            row["why"] = f"off ({_ENV}={_kernels.value})" if _kernels.value else "a better one runs"
         rows.append(row)
     return rows
 

@@ -28,7 +28,6 @@ that reads the CPU, the model and the switches, and says so in its reason.
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass, field
 
@@ -47,7 +46,7 @@ from attnkit.accel.onednn import (
 )
 from attnkit.accel.packed import PackedLinear, int8_path, use_integer_products
 from attnkit.accel.packed_step import packed_stack
-from attnkit.accel.switch import read_environment, switch
+from attnkit.accel.switch import Switch, read_environment, switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
 
@@ -117,13 +116,14 @@ def _training_levers(model: nn.Module | None) -> list[Lever]:
     else:
         choice = onednn_choice()
         levers.append(Lever("onednn-fp32", bool(choice["on"]), describe_choice()))
-    kept = platform.libc_ver()[0] == "glibc" and os.environ.get("ATTNKIT_KEEP_MEMORY") != "0"
-    why = "glibc" if kept else ("ATTNKIT_KEEP_MEMORY=0" if platform.libc_ver()[0] else "no glibc")
-    levers.append(Lever("keep-memory", kept, why))
+    glibc, keeping = platform.libc_ver()[0] == "glibc", switch("ATTNKIT_KEEP_MEMORY")
+    why = "glibc" if glibc and keeping.on else keeping.why_off if glibc else "no glibc"
+    levers.append(Lever("keep-memory", glibc and bool(keeping.on), why))
     return levers
 
 
-_INT8 = "ATTNKIT_INT8"  # 0: the float32 path, 1 or unset: the integer path (the rule)
+# 0: the float32 path, 1 or unset: the integer path (the rule)
+integer_products = Switch("ATTNKIT_INT8")
 INT8_RULE = "the integer path wherever the kernels are built: the same bits on every variant"
 
 
@@ -131,8 +131,8 @@ def _integer_lever(model: nn.Module | None, exact: bool = False) -> Lever:
     """int8-products: whether packed products take the integer path, and why."""
     if exact:
         return Lever("int8-products", False, "exact: float32 activations, as asked")
-    if os.environ.get(_INT8) == "0":
-        return Lever("int8-products", False, f"{_INT8}=0: float32 activations")
+    if not integer_products.on:
+        return Lever("int8-products", False, f"{integer_products.why_off}: float32 activations")
     path = int8_path()
     if path is None:
         return Lever("int8-products", False, "no native kernels (see attnkit info)")

@@ -1,6 +1,7 @@
 """An on/off switch for a lever: on by default (or, for a lever a rule chooses, None: "the
 rule"), set by its environment variable or inside a ``with`` block (benchmarks and tests
-compare both).
+compare both). A switch keeps its variable's text too (``value``), for one that picks among
+more than two (``ATTNKIT_KERNELS``: a kernel variant, or off).
 
 The environment is read in one place, :func:`read_environment`, which ``accel.prepare`` and
 ``accel.levers`` (so ``attnkit info`` and every run's header) call: a switch says what the
@@ -26,13 +27,14 @@ def switch(env: str) -> Switch:
 
 
 def read_environment() -> None:
-    """Set every switch not held by a ``with`` block from its environment variable: ``0``
-    off, ``1`` on, anything else (or unset) its default."""
+    """Set every switch not held by a ``with`` block from its environment variable: ``0`` or
+    ``off`` off, ``1`` or ``on`` on, anything else (or unset) its default."""
     for each in _SWITCHES.values():
+        each.value = os.environ.get(each.env, "").strip()
         if not each.held:
-            value = os.environ.get(each.env, "")
-            each.on = {"0": False, "1": True}.get(value, each.default)
-            each.why_off = f"{each.env}=0" if value == "0" else "switched off"
+            said = {"0": False, "off": False, "1": True, "on": True}.get(each.value.lower())
+            each.on = each.default if said is None else said
+            each.why_off = f"{each.env}={each.value}" if said is False else "switched off"
 
 
 class Switch:
@@ -40,6 +42,7 @@ class Switch:
         self.env, self.default = env, default
         self.on: bool | None = default
         self.why_off = "switched off"  # why the lever is off: its variable, or a with block
+        self.value = ""  # the variable's text, as of the last read
         self.held = 0  # with blocks open on it
         _SWITCHES[env] = self
 

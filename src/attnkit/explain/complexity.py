@@ -48,7 +48,7 @@ def _variants(window: int) -> dict[str, Callable]:
             q, k, v, is_causal=True, implementation="math"
         ),
         "fused": lambda q, k, v: scaled_dot_product_attention(
-            q, k, v, is_causal=True, implementation="fused"
+            q, k, v, is_causal=True, implementation="sdpa"
         ),
         "window": lambda q, k, v: sliding_window_attention(q, k, v, window, causal=True),
         "linear": lambda q, k, v: linear_attention(q, k, v, causal=True),
