@@ -148,7 +148,7 @@ def test_exports_are_read_by_transformers_and_equal_llama_cpps_files(name, tmp_p
     mine, theirs = gguf.GGUFReader(path), gguf.GGUFReader(_gguf(name, "f32"))
     arch = theirs.fields["general.architecture"].contents()
     assert mine.fields["general.architecture"].contents() == arch
-    assert mine.fields["general.name"].contents() == "attnkit-" + ours.cfg.extra["source"]
+    assert mine.fields["general.name"].contents() == "gguf"  # the export's name, not its temp
     kept = [k for k in theirs.fields if k.startswith((f"{arch}.", "tokenizer."))]
     for key in kept:
         if key not in (f"{arch}.rope.scaling.original_context_length", "tokenizer.ggml.pre"):
@@ -183,3 +183,17 @@ def test_qwen3s_template_renders_its_think_turns_as_transformers_does():
         )
         assert render_chat(template, messages, **variables) == want
     assert "The user asks" not in want and want.endswith("<think>\n\n</think>\n\n")
+
+
+def test_phi3s_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does():
+    """llama.cpp's own test of Phi-3's vocabulary (its models/ggml-vocab-phi-3.gguf with the
+    texts and the token ids llama.cpp gives them, copied into tests/data/architectures/vocab):
+    the tokenizer attnkit rebuilds from the file's metadata gives the same ids for every text,
+    leading spaces (SentencePiece's dummy prefix) and byte fallback among them."""
+    vocab = HERE / "vocab" / "ggml-vocab-phi-3.gguf"
+    texts = Path(f"{vocab}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = Path(f"{vocab}.out").read_text(encoding="utf-8").split("\n")
+    tokenizer = load_tokenizer_for(vocab)
+    assert len(texts) == 47
+    for text, ids in zip(texts, expected, strict=False):
+        assert tokenizer.encode(text, add_special_tokens=False) == [int(i) for i in ids.split()]
