@@ -6,7 +6,9 @@ attnkit runs each file packed, on its default path (``accel.prepare(model, "deco
 integer path, the stack in C) and on its float32 path (``exact=True``). llama.cpp rounds the
 activations of its quantized products to 8 bits as attnkit's integer path does; for F32 and F16
 weights it multiplies float32 (F16: float16) activations. A row shows how many of the greedy
-tokens equal llama.cpp's before the first difference, and the decoding speed of each side (the
+tokens equal llama.cpp's before the first difference; there, the margin by which attnkit's
+float path (the file's weights in float32) prefers its own token to llama.cpp's, relative to
+its largest logit (a near-tie is a few thousandths); and the decoding speed of each side (the
 median of ``--rounds`` runs of ``--tokens`` tokens, after the first token, in one process: these
 models are tiny, so this measures each side's cost per step more than its products).
 
@@ -28,9 +30,21 @@ from attnkit.interop import load_tokenizer_for
 from common import cpu_description, llama_cpp_n_batch, save_results
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "data" / "architectures"
-NAMES = ("qwen2", "qwen3", "phi3", "mistral")
+NAMES = ("qwen2", "qwen3", "phi3", "mistral", "llama3")
 KINDS = ("f32", "f16", "q8_0", "q4_k_m")
 PROMPT = "The animal didn't cross the street because it was too tired. 今天 下雨"
+
+
+def margin(path: Path, ids: list[int], ours: list[int], theirs: list[int]) -> float | None:
+    """At the first token where the two differ: (the float path's logit of its own choice minus
+    that of llama.cpp's) / its largest logit; None where they do not differ."""
+    i = same_before_difference(ours, theirs)
+    if i == len(ours):
+        return None
+    model = ak.from_pretrained(path)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + theirs[:i]]))[0, -1]
+    return float((logits.max() - logits[theirs[i]]) / logits.abs().max())
 
 
 def attnkit_run(path: Path, ids: list[int], tokens: int, rounds: int, exact: bool):
@@ -77,7 +91,7 @@ def main() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         raise SystemExit("needs llama-cpp-python: pip install llama-cpp-python==0.3.36")
     print(f"CPU: {cpu_description()}; {args.tokens} greedy tokens; median of {args.rounds}")
-    print(f"{'file':<22} {'same (int8 path)':>16} {'same (float path)':>17} "
+    print(f"{'file':<22} {'same (int8 path)':>16} {'same (float path)':>17} {'margin':>7} "
           f"{'attnkit tok/s':>13} {'llama.cpp tok/s':>15} {'ratio':>6}")  # fmt: skip
     figures = {}
     for name in NAMES:
@@ -91,10 +105,14 @@ def main() -> None:
                 same_before_difference(ours, theirs),
                 same_before_difference(exact, theirs),
             )
+            gap = margin(path, ids, exact, theirs)
+            shown = "" if gap is None else f"{gap:.4f}"
             print(f"{path.name:<22} {same:>13}/{args.tokens} {same_exact:>14}/{args.tokens} "
-                  f"{speed:>13.0f} {their_speed:>15.0f} {speed / their_speed:>5.2f}x")  # fmt: skip
+                  f"{shown:>7} {speed:>13.0f} {their_speed:>15.0f} "
+                  f"{speed / their_speed:>5.2f}x")  # fmt: skip
             figures[path.name] = {
                 "same_tokens_int8": same, "same_tokens_float": same_exact, "tokens": args.tokens,
+                "margin_at_first_difference": gap,
                 "attnkit_tok_s": speed, "llama_cpp_tok_s": their_speed,
                 "ratio": speed / their_speed, "llama_cpp": theirs, "attnkit": ours,
             }  # fmt: skip

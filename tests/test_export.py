@@ -167,9 +167,11 @@ def test_the_translator_runs_in_transformers_as_marian(tmp_path, kind):
         assert hf_tokenizer(text).input_ids == tokenizer.encode(text, add_eos=True)
     src, src_mask = _batch(tokenizer, NOTES, suffix=[tokenizer.eos_id])
     tgt = ak.shift_right(_batch(tokenizer, NOTES[::-1])[0], tokenizer.bos_id)
+    back = ak.from_pretrained(tmp_path / "out")  # attnkit reads the layout it writes
     with torch.no_grad():
         expected = theirs(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt)
         torch.testing.assert_close(ours(src, tgt, src_mask), expected.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(back(src, tgt, src_mask), expected.logits, atol=1e-4, rtol=1e-4)
         for beams in (1, 3):
             got = theirs.generate(src, attention_mask=src_mask.long(), num_beams=beams,
                                   max_new_tokens=12, do_sample=False)  # fmt: skip
@@ -198,6 +200,10 @@ def test_classifiers_run_in_a_transformers_pipeline(tmp_path, kind, shape):
     with torch.no_grad():
         expected = theirs(ids, attention_mask=mask.long()).logits
         torch.testing.assert_close(ours(ids, mask), expected, atol=1e-4, rtol=1e-4)
+    back = ak.from_pretrained(tmp_path / "out")  # attnkit reads the layout it writes
+    assert type(back) is ak.EncoderClassifier and back.labels == ours.labels
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, mask), expected, atol=1e-4, rtol=1e-4)
     classify = transformers.pipeline("text-classification", model=str(tmp_path / "out"))
     for text, row in zip(NOTES, ours(ids, mask).softmax(-1).tolist(), strict=True):
         answer = classify(text)[0]

