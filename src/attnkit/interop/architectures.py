@@ -443,7 +443,7 @@ HF_ONLY = (
 )  # fmt: skip
 
 # The decoders, in the order export tries them for a model trained in attnkit
-ARCHITECTURES = {a.name: a for a in (LLAMA, GPT2, QWEN2, QWEN3, PHI3, GEMMA3, MISTRAL)}
+ARCHITECTURES = {a.name: a for a in (LLAMA, GPT2, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA3)}
 
 
 def hf_types() -> list[str]:
