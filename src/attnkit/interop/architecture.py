@@ -10,8 +10,8 @@ An :class:`Architecture` says once, for one family of checkpoints (the descripti
   GGUF metadata key, with the default a file that lacks the key means;
 - ``hf_fixed``: ``config.json`` keys whose one value is what attnkit computes (read: refused at
   any other value; written: that value);
-- ``top`` and ``layer``: each tensor as a row ``(attnkit, Hugging Face, GGUF)``, which
-  :mod:`attnkit.interop.weights` reads in both directions.
+- ``top`` and ``layer``: each tensor as a row ``(attnkit, Hugging Face, GGUF)`` (or the
+  description's ``formats``), which :mod:`attnkit.interop.weights` reads in both directions.
 
 RoPE (``rope_parameters`` or the older ``rope_theta`` / ``rope_scaling`` /
 ``partial_rotary_factor``; GGUF's ``rope.*`` keys and ``rope_freqs``), sliding windows
@@ -81,9 +81,10 @@ class Architecture:
     gguf: str | None  # general.architecture
     fixed: dict[str, Any]
     fields: tuple[Field, ...]
-    top: tuple[tuple[str, ...], ...]  # (attnkit, Hugging Face, GGUF): weights.py
+    top: tuple[tuple[str, ...], ...]  # (attnkit, then each of formats): weights.py
     layer: tuple[tuple[str, ...], ...]  # the same inside each layer
     free: frozenset[str] = frozenset()
+    formats: tuple[str, ...] = ("hf", "gguf")  # the files the rows name tensors of
     family: str = "lm"  # the model: "lm" (DecoderLM), "encoder", "classifier", "translator"
     decoder_layer: tuple[tuple[str, ...], ...] = ()  # a translator's decoder layers
     hf_fixed: dict[str, Any] = field(default_factory=dict)

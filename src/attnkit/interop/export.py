@@ -82,6 +82,9 @@ def export(
     """
     path = Path(path)
     _check(format, dtype, quant, path)
+    if tokenizer is not None and tokenizer.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                         f"vocab_size is {model.cfg.vocab_size}")  # fmt: skip
     if format == "hf":
         config, state = to_hf(model, getattr(model, "labels", None))  # refuses before writing
         config["torch_dtype"] = str(DTYPES[dtype]).removeprefix("torch.")  # as stored
@@ -189,11 +192,6 @@ def _hf_files(model, config: dict, tokenizer, chat_template: str | None) -> dict
     }
     if tokenizer is None:
         return files
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-            f"{cfg.vocab_size}"
-        )
     hf = hf_tokenizer(tokenizer, _family(model))
     settings: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",

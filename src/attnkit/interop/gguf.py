@@ -36,11 +36,11 @@ from attnkit.accel.swap import swap_named
 from attnkit.interop.architecture import config_from_gguf
 from attnkit.interop.architectures import by_gguf, gguf_names
 from attnkit.interop.checkpoint import Tensors
-from attnkit.interop.gguf_file import GGUFFile, GGUFTensor, gguf_metadata, read_gguf
+from attnkit.interop.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from attnkit.interop.weights import build, plan, unpermute
 from attnkit.models import DecoderLM
 
-__all__ = ["GGUFFile", "GGUFTensor", "dequantize_tensor", "gguf_metadata", "load_gguf", "read_gguf"]
+__all__ = ["GGUFFile", "GGUFTensor", "dequantize_tensor", "load_gguf", "read_gguf"]
 
 # the attnkit weights a packed layer can hold: linear layers and the token table
 _PACKABLE = (".in_proj.weight", ".out_proj.weight", ".gate.weight", ".up.weight", ".down.weight")
@@ -100,7 +100,7 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
     which path each layer took."""
     path = Path(path)
     reader = read_gguf(path)
-    metadata = gguf_metadata(reader)
+    metadata = reader.metadata
     name = metadata.get("general.architecture")
     arch = by_gguf(name)
     if arch is None:

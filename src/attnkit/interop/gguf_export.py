@@ -95,11 +95,6 @@ def write_gguf(
     cfg = model.cfg
     if tokenizer is None:
         raise ValueError("tokenizer is required for GGUF: llama.cpp reads it from the file")
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-            f"{cfg.vocab_size}"
-        )
     vocabulary = _vocabulary(tokenizer)  # refuses a tokenizer it cannot write, before writing
     if arch.name == "gpt2" and cfg.gelu_approximation == "none":
         log.warning(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAGIC", "GGUFFile", "GGUFTensor", "gguf_metadata", "read_gguf"]
+__all__ = ["MAGIC", "GGUFFile", "GGUFTensor", "read_gguf"]
 
 MAGIC = b"GGUF"
 
@@ -214,8 +214,3 @@ _FLOAT_TYPES = {
     "I32": np.int32,
     "I64": np.int64,
 }
-
-
-def gguf_metadata(reader: GGUFFile) -> dict[str, Any]:
-    """Every metadata key of a parsed GGUF file as plain Python values."""
-    return reader.metadata

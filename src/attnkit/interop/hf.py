@@ -1,17 +1,9 @@
 """Hugging Face model directories -> attnkit models.
 
-A Hugging Face directory is ``config.json`` (whose ``model_type`` names the architecture) and
-the weights in safetensors, one file or shards (see :mod:`attnkit.interop.checkpoint`)::
-
-    model_type                                          attnkit model
-    llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2    DecoderLM
-    bert, roberta, xlm-roberta, xlm-roberta-xl               EncoderModel (...Model,
-                                                             ...ForMaskedLM: the encoder)
-                                                             or EncoderClassifier
-                                                             (...ForSequenceClassification)
-
-one description each (:mod:`attnkit.interop.architectures`), read by
-:mod:`attnkit.interop.architecture` (the config) and :mod:`attnkit.interop.weights` (the
+A Hugging Face directory is ``config.json`` (whose ``model_type`` and classes name the
+architecture: one description each, :mod:`attnkit.interop.architectures`) and the weights in
+safetensors, one file or shards (see :mod:`attnkit.interop.checkpoint`). The description is read
+by :mod:`attnkit.interop.architecture` (the config) and :mod:`attnkit.interop.weights` (the
 tensors).
 
 Every field of ``config.json`` is read with its type checked, fields attnkit cannot represent

@@ -436,9 +436,9 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any], source: str) -> Pretr
 
 def tokenizer_from_gguf(path: str | os.PathLike[str]) -> PretrainedTokenizer | None:
     """The tokenizer a GGUF file embeds, or None if it embeds none."""
-    from attnkit.interop.gguf import gguf_metadata, read_gguf
+    from attnkit.interop.gguf_file import read_gguf
 
-    metadata = gguf_metadata(read_gguf(path))
+    metadata = read_gguf(path).metadata
     if "tokenizer.ggml.model" not in metadata:
         return None
     return tokenizer_from_gguf_metadata(metadata, str(path))

@@ -53,11 +53,11 @@ _NAME = re.compile(r"([^\[~]+)(?:\[(\w+)\])?(?:~(T|\+1|rope|offset|cols|rows))?"
 
 
 def links(arch: Architecture, fmt: str, cfg: ModelConfig) -> list[Link]:
-    """Every link of ``arch`` in format ``fmt`` ("hf" or "gguf") for ``cfg``'s layers, the
+    """Every link of ``arch`` in format ``fmt`` (one of its formats) for ``cfg``'s layers, the
     token table's tied copies left out (the output layer; Marian's target table), a feature's
     tensors where ``cfg`` has it (the pooler: ``Architecture.optional``)."""
-    column = {"hf": 1, "gguf": 2}[fmt]
-    stack = (arch.our_layer, arch.hf_layer if fmt == "hf" else "blk.{i}.")
+    column = 1 + arch.formats.index(fmt)
+    stack = (arch.our_layer, {"hf": arch.hf_layer, "gguf": "blk.{i}.", "e5": "l{i}."}[fmt])
     rows = [(row, "", "") for row in arch.top]
     rows += [(row, *(p.format(i=i) for p in stack)) for i in range(cfg.n_layers)
              for row in arch.layer]  # fmt: skip

@@ -51,12 +51,12 @@ def chat_template_for(path: str | os.PathLike[str]) -> str | None:
     """The chat template a model ships with (a GGUF file's ``tokenizer.chat_template``, a
     directory's ``chat_template.jinja`` or ``tokenizer_config.json``), or None. A GGUF file of
     Gemma 3 without one gets Gemma's turns (:data:`GEMMA_TEMPLATE`)."""
-    from attnkit.interop.gguf import gguf_metadata, read_gguf
+    from attnkit.interop.gguf import read_gguf
     from attnkit.interop.pretrained import is_gguf_file, shipped
 
     path = shipped(Path(path))
     if is_gguf_file(path):
-        metadata = gguf_metadata(read_gguf(path))
+        metadata = read_gguf(path).metadata
         template = metadata.get("tokenizer.chat_template")
         if isinstance(template, str):
             return template
