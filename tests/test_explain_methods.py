@@ -199,7 +199,7 @@ def _gpt2_dir(tmp_path):
     return ref, str(tmp_path / "gpt2")
 
 
-def _llama_dir(tmp_path):
+def _hf_llama_dir(tmp_path):
     config = transformers.LlamaConfig(
         vocab_size=101,
         hidden_size=64,
@@ -217,7 +217,7 @@ def _llama_dir(tmp_path):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_logit_lens_reads_hugging_faces_hidden_states(tmp_path, family):
-    ref, path = _gpt2_dir(tmp_path) if family == "gpt2" else _llama_dir(tmp_path)
+    ref, path = _gpt2_dir(tmp_path) if family == "gpt2" else _hf_llama_dir(tmp_path)
     ours = ak.from_pretrained(path).eval()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18]])
     final_norm = ref.transformer.ln_f if family == "gpt2" else ref.model.norm

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.interop.e5 import MAGIC, e5_tokenizer, is_e5_file, load_e5, read_e5
+from attnkit.interop.e5 import MAGIC, e5_tokenizer, load_e5, read_e5
 from attnkit.interop.embeddings import sentence_embeddings
+from attnkit.interop.pretrained import is_e5_file
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 WORDS = ["▁the", "▁cat", "▁sat", "▁on", "▁mat", "▁dog", "at", "he", "▁我", "用", "毒", "蛇"]

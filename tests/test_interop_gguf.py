@@ -59,7 +59,7 @@ def _gguf_name(name):
     return f"blk.{i}.{_LAYER[rest]}.{suffix}"
 
 
-def _llama(tie=False, d_model=64, d_ff=96, vocab=101, seed=0):
+def _hf_llama(tie=False, d_model=64, d_ff=96, vocab=101, seed=0):
     config = transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=d_model,
@@ -162,7 +162,7 @@ def _random_blocks(shape, kind):
 
 
 def _hf_and_gguf(tmp_path, tie=False, qtype=Q.F32):
-    ref = _llama(tie=tie)
+    ref = _hf_llama(tie=tie)
     ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
     stored = write_gguf(tmp_path / "model.gguf", ref, qtype)
     return (
@@ -238,7 +238,7 @@ def test_k_quants_are_dequantized_by_gguf(tmp_path):
         "model.layers.1.self_attn.q_proj.weight": Q.Q2_K,
         "model.layers.1.mlp.down_proj.weight": Q.Q5_K,
     }
-    ref = _llama(d_model=256, d_ff=256, vocab=40)
+    ref = _hf_llama(d_model=256, d_ff=256, vocab=40)
     stored = write_gguf(tmp_path / "k.gguf", ref, types=types)
     model = ak.from_pretrained(tmp_path / "k.gguf")
     ours = model.state_dict()
@@ -300,7 +300,7 @@ def _spm_tokenizer(writer):
 
 
 def test_the_embedded_sentencepiece_tokenizer_matches_transformers(tmp_path):
-    ref = _llama(vocab=3 + 256 + len(SPM_PIECES))
+    ref = _hf_llama(vocab=3 + 256 + len(SPM_PIECES))
     write_gguf(tmp_path / "m.gguf", ref, tokenizer=_spm_tokenizer)
     tok = load_tokenizer_for(tmp_path / "m.gguf")
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
@@ -341,7 +341,7 @@ def test_the_embedded_byte_level_tokenizer_round_trips(tmp_path):
 
     texts = ["the cat sat on the mat", "今天下雨，我没带伞。", "tabs\tand\nnewlines  too"] * 5
     trained = BPETokenizer.train(texts, vocab_size=300, min_frequency=1)
-    ref = _llama(vocab=trained.vocab_size)
+    ref = _hf_llama(vocab=trained.vocab_size)
     write_gguf(tmp_path / "m.gguf", ref, tokenizer=_byte_level_tokenizer(trained))
     tok = load_tokenizer_for(tmp_path / "m.gguf")
     for text in [*texts[:3], "unseen words: ŝ, 🙂", ""]:
@@ -351,7 +351,7 @@ def test_the_embedded_byte_level_tokenizer_round_trips(tmp_path):
 
 
 def test_generate_command_reads_a_gguf_file(tmp_path, capsys):
-    ref = _llama(vocab=3 + 256 + len(SPM_PIECES))
+    ref = _hf_llama(vocab=3 + 256 + len(SPM_PIECES))
     ref.generation_config.eos_token_id = None
     write_gguf(tmp_path / "m.gguf", ref, tokenizer=_spm_tokenizer)
     args = ["generate", "--model", str(tmp_path / "m.gguf"), "the cat", "--greedy"]
@@ -379,7 +379,7 @@ def test_generate_command_reads_a_gguf_file(tmp_path, capsys):
 
 
 def test_unsupported_architecture_and_quantization_are_refused(tmp_path):
-    ref = _llama()
+    ref = _hf_llama()
     write_gguf(tmp_path / "falcon.gguf", ref, architecture="falcon")
     with pytest.raises(
         ValueError, match=r"falcon\.gguf: GGUF architecture 'falcon' is not supported"
@@ -393,7 +393,7 @@ def test_unsupported_architecture_and_quantization_are_refused(tmp_path):
 
 
 def test_bad_gguf_files_are_refused(tmp_path):
-    ref = _llama()
+    ref = _hf_llama()
     write_gguf(tmp_path / "m.gguf", ref)
     data = (tmp_path / "m.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
@@ -427,7 +427,7 @@ def test_the_parser_reads_what_gguf_reader_reads(tmp_path, qtype):
     from attnkit.data import BPETokenizer
 
     trained = BPETokenizer.train(["to be or not to be, 今天下雨"] * 3, vocab_size=280)
-    ref = _llama(vocab=trained.vocab_size, d_model=256, d_ff=256)  # K-quant blocks: 256 wide
+    ref = _hf_llama(vocab=trained.vocab_size, d_model=256, d_ff=256)  # K-quant blocks: 256 wide
     types = {
         "model.layers.0.mlp.up_proj.weight": Q.Q6_K,
         "model.layers.1.mlp.up_proj.weight": Q.F16,
@@ -493,7 +493,7 @@ def data_start(path) -> int:
 
 
 def test_every_truncation_of_the_header_is_one_line(tmp_path):
-    write_gguf(tmp_path / "m.gguf", _llama(), Q.Q8_0, tokenizer=_spm_tokenizer)
+    write_gguf(tmp_path / "m.gguf", _hf_llama(), Q.Q8_0, tokenizer=_spm_tokenizer)
     data = (tmp_path / "m.gguf").read_bytes()
     last = read_gguf(tmp_path / "m.gguf").tensors[-1].data
     end = last.__array_interface__["data"][0] - data_start(tmp_path / "m.gguf") + last.nbytes

@@ -109,7 +109,7 @@ DEC_IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
 DEC_MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7]).bool()
 
 
-def _llama(tie, **overrides):
+def _hf_llama(tie, **overrides):
     config = dict(
         vocab_size=101,
         hidden_size=64,
@@ -188,7 +188,7 @@ def _check_decoder(ref, ours):
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_llama_with_grouped_query_attention_matches(tmp_path, tie):
-    ref = _llama(tie)
+    ref = _hf_llama(tie)
     ours = ak.from_pretrained(_save(ref, tmp_path / "llama"))
     cfg = ours.cfg
     assert type(ours) is ak.DecoderLM
@@ -205,7 +205,7 @@ def test_gpt2_directory_matches(tmp_path):
 
 
 def test_a_sharded_checkpoint_loads(tmp_path):
-    ref = _llama(tie=False)
+    ref = _hf_llama(tie=False)
     path = _save(ref, tmp_path / "sharded", max_shard_size="40KB")
     shards = sorted(p.name for p in path.glob("model-*.safetensors"))
     assert len(shards) > 2 and (path / "model.safetensors.index.json").is_file()
@@ -294,7 +294,7 @@ def test_generate_command_reads_a_hf_directory_with_its_tokenizer(tmp_path, caps
 
 
 def test_half_precision_checkpoints_load_as_float32(tmp_path):
-    ref = _llama(tie=False).to(torch.bfloat16)
+    ref = _hf_llama(tie=False).to(torch.bfloat16)
     ours = ak.from_pretrained(_save(ref, tmp_path / "bf16"))
     weight = ours.decoder.layers[0].ffn.gate.weight
     assert weight.dtype == torch.float32

@@ -189,9 +189,9 @@ def test_bad_blocks_are_refused():
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=str)
 def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
-    from test_interop_gguf import _llama, write_gguf
+    from test_interop_gguf import _hf_llama, write_gguf
 
-    write_gguf(tmp_path / "m.gguf", _llama(d_model=64, d_ff=96, vocab=101), qtype)
+    write_gguf(tmp_path / "m.gguf", _hf_llama(d_model=64, d_ff=96, vocab=101), qtype)
     floats = ak.from_pretrained(tmp_path / "m.gguf")
     packs = ak.from_pretrained(tmp_path / "m.gguf", dequantize=False)
     layers = [m for m in packs.modules() if isinstance(m, PackedLinear)]
@@ -218,9 +218,9 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
 def test_a_k_quant_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
     """Q4_K (the K-quant of most published GGUF files) and Q5_K are repacked at load, 32-weight
     groups with float32 scales, and give the dequantized model's logits and tokens."""
-    from test_interop_gguf import _llama, write_gguf
+    from test_interop_gguf import _hf_llama, write_gguf
 
-    write_gguf(tmp_path / "k.gguf", _llama(d_model=256, d_ff=256, vocab=101), qtype)
+    write_gguf(tmp_path / "k.gguf", _hf_llama(d_model=256, d_ff=256, vocab=101), qtype)
     floats = ak.from_pretrained(tmp_path / "k.gguf")
     packs = ak.from_pretrained(tmp_path / "k.gguf", dequantize=False)
     assert packs.cfg.extra["weights"] == {"packed": {qtype.name: 12}, "float32": {}}

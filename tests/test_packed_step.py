@@ -34,13 +34,13 @@ def packed_llama(tmp_path_factory, kind="Q4_1", d_ff=None, *, integer=False):
     """A 2-layer Llama (4 query heads sharing 2 key/value heads) written as a GGUF file in
     ``kind``, loaded with its weights packed, on the ``integer`` path or the float one, its
     stack swapped for a PackedStack (the file is written once per format and FFN width)."""
-    from test_interop_gguf import _llama, write_gguf
+    from test_interop_gguf import _hf_llama, write_gguf
 
     qtype, width = FORMATS[kind]
     d_ff = d_ff or width + 32 * (width == 64)
     if (kind, d_ff) not in _files:
         path = tmp_path_factory.mktemp("gguf") / f"{kind}.gguf"
-        write_gguf(path, _llama(d_model=width, d_ff=d_ff, vocab=101), qtype)
+        write_gguf(path, _hf_llama(d_model=width, d_ff=d_ff, vocab=101), qtype)
         _files[kind, d_ff] = path
     model = ak.from_pretrained(_files[kind, d_ff], dequantize=False).eval()
     use_integer_products(model, integer)

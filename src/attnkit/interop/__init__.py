@@ -3,13 +3,14 @@
 ::
 
     pretrained.py   from_pretrained (dispatch through LOADERS), load_tokenizer_for
-    architecture.py one description per architecture, read in every direction (config and
-                    tensors, Hugging Face and GGUF, the packing plan)
-    architectures.py  the descriptions: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, GPT-2
+    architecture.py one description per architecture, and its config read and written in
+                    every format (config.json, GGUF metadata)
+    architectures.py  the descriptions: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, GPT-2;
+                    BERT, RoBERTa, XLM-R (XL), their classifiers, Marian
+    weights.py      a description's tensors in both directions, and the GGUF packing plan
     hf.py           Hugging Face directories: config.json + safetensors -> attnkit models
     hf_config.py    config.json read field by field, types checked, unknown fields refused
     checkpoint.py   safetensors files, single or sharded, never unpickled
-    bert.py         BERT  -> EncoderModel / EncoderClassifier (roberta.py: RoBERTa, XLM-R)
     gguf.py         GGUF files -> DecoderLM, dequantized or with packed layers
     gguf_file.py    the GGUF file format itself, parsed over a memory map
     export.py       export(): attnkit models out, as Hugging Face directories or GGUF files

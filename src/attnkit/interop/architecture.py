@@ -85,7 +85,7 @@ class Architecture:
     layer: tuple[tuple[str, ...], ...]  # the same inside each layer
     free: frozenset[str] = frozenset()
     formats: tuple[str, ...] = ("hf", "gguf")  # the files the rows name tensors of
-    family: str = "lm"  # the model: "lm" (DecoderLM), "encoder", "classifier", "translator"
+    family: str = "decoder-only"  # the attnkit model: its serialization.FAMILIES name
     decoder_layer: tuple[tuple[str, ...], ...] = ()  # a translator's decoder layers
     hf_fixed: dict[str, Any] = field(default_factory=dict)
     hf_ignored: tuple[str, ...] = ()  # keys that do not change the function
@@ -206,10 +206,13 @@ def config_from_hf(arch: Architecture, hf: HFConfig, names=()) -> ModelConfig:
     values.update(_window_from_hf(hf))
     for role in ("bos", "eos", "pad"):
         hf.get_token_id(f"{role}_token_id", values["vocab_size"])  # types checked
-    start = "decoder_start_token_id" if arch.family == "translator" else "bos_token_id"
+    start = "decoder_start_token_id" if arch.family == "encoder-decoder" else "bos_token_id"
     ids = {"bos": start, "eos": "eos_token_id", "pad": "pad_token_id"}  # generation's start
     values.update(_ids(lambda role: hf.get(ids[role]), values["vocab_size"], arch))
-    lm = arch.family in ("lm", "translator")  # (an encoder has no output layer to tie)
+    lm = arch.family in (
+        "decoder-only",
+        "encoder-decoder",
+    )  # (an encoder has no output layer to tie)
     tie = hf.get_bool("tie_word_embeddings", values.get("tie_embeddings", arch.tied))
     if tie != values.get("tie_embeddings", tie):  # Marian: attnkit ties all three or none
         raise hf.error(f"tie_word_embeddings={tie} differs from the embeddings' sharing")
@@ -225,7 +228,7 @@ def config_from_hf(arch: Architecture, hf: HFConfig, names=()) -> ModelConfig:
         found = {n.removeprefix(arch.hf_prefix) for n in names}
         values[feature] = any(r.removeprefix(arch.hf_prefix) in found for r in rows)
     extra: dict[str, Any] = {}
-    if arch.family == "classifier":
+    if arch.family == "encoder-classifier":
         extra["labels"] = _labels(hf)
     hf.check_unknown()
     if isinstance(hf.data.get("eos_token_id"), list):
@@ -303,15 +306,19 @@ def _rope_parameters(hf, params, where: str, arch, values) -> dict[str, Any]:
     return found
 
 
+def _layer_types(every: int, n: int) -> list[str]:
+    """``layer_types`` of ``n`` layers: every ``every``-th full, the rest on the window."""
+    return ["full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+            for i in range(n)]  # fmt: skip
+
+
 def _window_from_hf(hf: HFConfig) -> dict[str, Any]:
     """attention, window and global_every from ``sliding_window``, ``use_sliding_window``
     (Qwen), ``layer_types`` and the older ``sliding_window_pattern``: every layer full, every
     layer on the window, or every k-th layer full and the rest on the window (Gemma 3)."""
     window, types = hf.get("sliding_window"), hf.get("layer_types")
     if types is None and hf.get("sliding_window_pattern") is not None:  # Gemma 3, older
-        k = hf.get_int("sliding_window_pattern")
-        types = ["full_attention" if (i + 1) % k == 0 else "sliding_attention"
-                 for i in range(hf.get_int("num_hidden_layers"))]  # fmt: skip
+        types = _layer_types(hf.get_int("sliding_window_pattern"), hf.get_int("num_hidden_layers"))
     hf.ignore("sliding_window_pattern", "_sliding_window_pattern")
     use = hf.get("use_sliding_window")  # Qwen: windows only from layer max_window_layers on
     below = hf.get_int("max_window_layers", 0, minimum=0) if use else 0
@@ -330,9 +337,7 @@ def _window_from_hf(hf: HFConfig) -> dict[str, Any]:
     if len(full) == len(types):
         return {}
     k = full[0] + 1 if full else 0  # every k-th layer full (0: none)
-    pattern = ["full_attention" if k and (i + 1) % k == 0 else "sliding_attention"
-               for i in range(len(types))]  # fmt: skip
-    if types != pattern:
+    if types != _layer_types(k, len(types)):
         raise hf.error(
             f"layer_types {types} do not repeat every {k} layers (k - 1 sliding, then one "
             "full), as attnkit's global_every needs"
@@ -361,17 +366,13 @@ def config_to_hf(arch: Architecture, cfg: ModelConfig) -> dict[str, Any]:
         config["rope_parameters"] = rope
     if cfg.attention == "window":
         config.update(arch.hf_window, sliding_window=cfg.window)
-        k = cfg.global_every
-        if k:
-            config["layer_types"] = [
-                "full_attention" if (i + 1) % k == 0 else "sliding_attention"
-                for i in range(cfg.n_layers)
-            ]
+        if cfg.global_every:
+            config["layer_types"] = _layer_types(cfg.global_every, cfg.n_layers)
     if arch.position_offset:
         config["max_position_embeddings"] = cfg.max_len + cfg.pad_id + 1
-    if arch.family in ("lm", "translator"):
+    if arch.family in ("decoder-only", "encoder-decoder"):
         config["tie_word_embeddings"] = cfg.tie_embeddings
-    if arch.family == "translator":
+    if arch.family == "encoder-decoder":
         config["decoder_start_token_id"] = cfg.bos_id
     config.update(
         pad_token_id=cfg.pad_id,

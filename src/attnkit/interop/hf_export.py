@@ -105,13 +105,13 @@ def to_hf(model: nn.Module, labels: list[str] | None = None) -> tuple[dict, dict
     layout = hf_layout(model)
     cfg, state = model.cfg, {k: v.detach().float() for k, v in model.state_dict().items()}
     arch = ARCHITECTURES.get(layout) or next(a for a in HF_ONLY if a.name == layout)
-    if arch.family in ("encoder", "classifier"):
+    if arch.family in ("encoder-only", "encoder-classifier"):
         cfg, state = _encoder_parts(model, state)
     config = config_to_hf(arch, cfg)
     files = weights_to(arch, "hf", cfg, state)
-    if arch.family == "lm" and cfg.tie_embeddings:  # transformers ties it too
+    if arch.family == "decoder-only" and cfg.tie_embeddings:  # transformers ties it too
         files["lm_head.weight"] = state["lm_head.weight"]
-    if arch.family == "translator":  # Marian's own sinusoids (sines, then cosines), no bias,
+    if arch.family == "encoder-decoder":  # Marian's own sinusoids (sines, then cosines), no bias,
         table = sinusoidal_table(cfg.max_len, cfg.d_model)[:, marian_permutation(cfg.d_model)]
         for side in ("encoder", "decoder"):
             files[f"model.{side}.embed_positions.weight"] = table

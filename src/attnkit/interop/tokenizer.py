@@ -44,6 +44,7 @@ from tokenizers import (
 from tokenizers import Tokenizer as HFTokenizer
 
 from attnkit.files import cache_dir, read_json
+from attnkit.interop.hf_config import HFConfig
 
 __all__ = [
     "GGUF_IDS",
@@ -257,13 +258,10 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> PretrainedTokenizer:
             if content is not None and tokenizer.hf.token_to_id(content) is not None:
                 ids[special] = tokenizer.hf.token_to_id(content)
     if (directory / "config.json").is_file():
-        config = read_json(directory / "config.json")
+        config = HFConfig.from_file(directory / "config.json")
         for special in ("pad", "bos", "eos"):
-            value = config.get(f"{special}_token_id")
-            if isinstance(value, list) and value:
-                value = value[0]
-            if ids.get(special) is None and isinstance(value, int) and not isinstance(value, bool):
-                ids[special] = value if 0 <= value < tokenizer.vocab_size else None
+            if ids.get(special) is None:
+                ids[special] = config.get_token_id(f"{special}_token_id", tokenizer.vocab_size)
     for special in SPECIAL_NAMES:
         setattr(tokenizer, f"{special}_id", ids.get(special))
     return tokenizer

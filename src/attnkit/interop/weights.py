@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.interop.architecture import Architecture
 from attnkit.interop.checkpoint import Tensors
-from attnkit.models import DecoderLM, EncoderClassifier, EncoderModel, Transformer
-from attnkit.serialization import build_empty
+from attnkit.models import EncoderClassifier
+from attnkit.serialization import FAMILIES, build_empty
 
 __all__ = [
     "Link", "build", "links", "marian_permutation", "permute", "plan", "unpermute", "weights_to"
@@ -101,26 +101,19 @@ def _grouped(found: list[Link], key: str) -> dict[str, list[Link]]:
     return {k: sorted(v, key=lambda x: order.get(getattr(x, part), 0)) for k, v in groups.items()}
 
 
-def permute(weight: Tensor, heads: int) -> Tensor:
-    """Hugging Face's q / k rows -> llama.cpp's: each head's two RoPE halves interleaved (the
-    converter's ``permute``)."""
+def permute(weight: Tensor, heads: int, inverse: bool = False) -> Tensor:
+    """Hugging Face's q / k rows -> llama.cpp's (the converter's ``permute``): each head's
+    (2, d_head / 2) RoPE halves -> (d_head / 2, 2) pairs; ``inverse``: back."""
     rows = weight.shape[0]
-    halves = weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
-    return halves.transpose(1, 2).reshape(weight.shape)
+    if rows % (2 * heads):
+        raise ValueError(f"permute: {rows} rows do not split into {heads} heads of pairs")
+    blocks = (rows // heads // 2, 2) if inverse else (2, rows // heads // 2)
+    return weight.reshape(heads, *blocks, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
 def unpermute(weight: Tensor, heads: int) -> Tensor:
-    """The inverse of :func:`permute`: llama.cpp's q / k rows (heads, d_head / 2, 2) -> (heads,
-    2, d_head / 2), the halves Hugging Face's RoPE pairs."""
-    rows = weight.shape[0]
-    if rows % (2 * heads):
-        raise ValueError(f"unpermute: {rows} rows do not split into {heads} heads of pairs")
-    pairs = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
-    return pairs.transpose(1, 2).reshape(weight.shape)
-
-
-def _heads(cfg: ModelConfig, link: Link) -> int:
-    return cfg.n_heads if link.our_part == "q" else cfg.kv_heads
+    """llama.cpp's q / k rows -> Hugging Face's: the inverse of :func:`permute`."""
+    return permute(weight, heads, inverse=True)
 
 
 def marian_permutation(d_model: int) -> Tensor:
@@ -129,43 +122,43 @@ def marian_permutation(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def _from_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
-    if link.transform in ("cols", "rows"):
-        back = marian_permutation(cfg.d_model).argsort()
-        return tensor[:, back] if link.transform == "cols" else tensor[back]
-    if link.transform == "T":
-        return tensor.t()
-    if link.transform == "+1":
-        return tensor + 1
-    if link.transform == "offset":
-        return tensor[cfg.pad_id + 1 :]
-    return unpermute(tensor, _heads(cfg, link)) if link.transform == "rope" else tensor
+def _heads(cfg: ModelConfig, link: Link) -> int:
+    return cfg.n_heads if link.our_part == "q" else cfg.kv_heads
 
 
-def _to_file(tensor: Tensor, link: Link, cfg: ModelConfig) -> Tensor:
-    if link.transform in ("cols", "rows"):
-        perm = marian_permutation(cfg.d_model)
-        return tensor[:, perm] if link.transform == "cols" else tensor[perm]
-    if link.transform == "T":
-        return tensor.t()
-    if link.transform == "+1":
-        return tensor - 1
-    if link.transform == "offset":  # rows no token reads: zeros
-        return torch.cat([tensor.new_zeros(cfg.pad_id + 1, tensor.shape[1]), tensor])
-    return permute(tensor, _heads(cfg, link)) if link.transform == "rope" else tensor
+# transform -> (file -> attnkit, attnkit -> file), each of (tensor, link, cfg)
+_TRANSFORMS = {
+    "": (lambda t, link, cfg: t, lambda t, link, cfg: t),
+    "T": (lambda t, link, cfg: t.t(), lambda t, link, cfg: t.t()),
+    "+1": (lambda t, link, cfg: t + 1, lambda t, link, cfg: t - 1),
+    "offset": (  # rows no token reads: zeros
+        lambda t, link, cfg: t[cfg.pad_id + 1 :],
+        lambda t, link, cfg: torch.cat([t.new_zeros(cfg.pad_id + 1, t.shape[1]), t]),
+    ),
+    "rope": (
+        lambda t, link, cfg: unpermute(t, _heads(cfg, link)),
+        lambda t, link, cfg: permute(t, _heads(cfg, link)),
+    ),
+    "cols": (
+        lambda t, link, cfg: t[:, marian_permutation(cfg.d_model).argsort()],
+        lambda t, link, cfg: t[:, marian_permutation(cfg.d_model)],
+    ),
+    "rows": (
+        lambda t, link, cfg: t[marian_permutation(cfg.d_model).argsort()],
+        lambda t, link, cfg: t[marian_permutation(cfg.d_model)],
+    ),
+}
 
 
 def _model(arch: Architecture, cfg: ModelConfig) -> nn.Module:
     """The attnkit model of ``arch``'s family, built on the meta device (every weight is
     loaded next)."""
-    if arch.family == "lm":
-        return build_empty(lambda: DecoderLM(cfg))
-    if arch.family == "encoder":
-        return build_empty(lambda: EncoderModel(cfg))
-    if arch.family == "translator":
-        return build_empty(lambda: Transformer(cfg))
-    labels = cfg.extra.get("labels")
-    return build_empty(lambda: EncoderClassifier(cfg, len(labels), pooling="cls", labels=labels))
+    if arch.family == "encoder-classifier":
+        labels = cfg.extra.get("labels")
+        return build_empty(
+            lambda: EncoderClassifier(cfg, len(labels), pooling="cls", labels=labels)
+        )
+    return build_empty(lambda: FAMILIES[arch.family](cfg))
 
 
 def _hf_name(name: str, names: set[str], arch: Architecture) -> str:
@@ -212,7 +205,7 @@ def build(
         shape = (rows, *ours[1:])
         if group[0].transform == "T":
             shape = shape[::-1]
-        tensor = _from_file(tensors.take(theirs, shape), group[0], cfg)
+        tensor = _TRANSFORMS[group[0].transform][0](tensors.take(theirs, shape), group[0], cfg)
         for link, piece in zip(group, _split(tensor, parts, cfg), strict=True):
             pieces[link.ours, link.our_part] = piece
     state = {}
@@ -241,7 +234,7 @@ def weights_to(arch: Architecture, fmt: str, cfg: ModelConfig, state: dict) -> d
     out = {}
     for theirs, group in _grouped(found, "theirs").items():
         tensor = torch.cat([pieces[link.ours, link.our_part] for link in group])
-        out[theirs] = _to_file(tensor, group[0], cfg).contiguous()
+        out[theirs] = _TRANSFORMS[group[0].transform][1](tensor, group[0], cfg).contiguous()
     return out
 
 
