@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnkit.config import ModelConfig
+from attnkit.config import ROPE_SCALINGS, ModelConfig
 from attnkit.interop.hf_config import REQUIRED, HFConfig
 from attnkit.interop.tokenizer import GGUF_IDS
 
@@ -50,11 +50,8 @@ PLAIN = dict(
     sandwich_norms=False, qkv_bias=False, rotary_dim=None, rope_scaling=None,
     scale_embeddings=False, embedding_norm=False, type_vocab_size=0, n_experts=0, pooler=False,
 )  # fmt: skip
-# rope_type in a config.json -> the numbers attnkit reads for it (config.ROPE_SCALINGS)
-_HF_SCALINGS = {
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
+# the rope_types a config.json may name (a GGUF file's factors are not one)
+_HF_SCALINGS = {k: v for k, v in ROPE_SCALINGS.items() if k != "frequencies"}
 
 
 @dataclass(frozen=True)
