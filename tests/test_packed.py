@@ -187,13 +187,19 @@ def test_bad_blocks_are_refused():
         PackedLinear(torch.zeros(2, 34), "Q8_0", 32)
 
 
+def _float_path(model):
+    """A model that from_pretrained readied for decoding, its products put back on the float32
+    path (the explicit form): the path whose products equal the dequantized weights'."""
+    return ak.accel.prepare(model, "decoding", exact=True).model
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=str)
 def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
     from test_interop_gguf import _hf_llama, write_gguf
 
     write_gguf(tmp_path / "m.gguf", _hf_llama(d_model=64, d_ff=96, vocab=101), qtype)
     floats = ak.from_pretrained(tmp_path / "m.gguf")
-    packs = ak.from_pretrained(tmp_path / "m.gguf", dequantize=False)
+    packs = _float_path(ak.from_pretrained(tmp_path / "m.gguf", dequantize=False))
     layers = [m for m in packs.modules() if isinstance(m, PackedLinear)]
     assert len(layers) == 2 * 5 + 1  # in_proj, out_proj, gate, up, down per layer; the head
     assert isinstance(packs.embeddings.tokens, PackedEmbedding)  # the token table too
@@ -208,7 +214,7 @@ def test_a_gguf_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
     want = floats.generate(ids, 12, do_sample=False)
     assert torch.equal(packs.generate(ids, 12, do_sample=False), want)
     packs.save_pretrained(tmp_path / "saved")  # the blocks as they are, table and all
-    again = ak.from_pretrained(tmp_path / "saved")
+    again = _float_path(ak.from_pretrained(tmp_path / "saved"))
     assert isinstance(again.embeddings.tokens, PackedEmbedding)
     with torch.no_grad():
         assert torch.equal(again(ids), packs(ids))
@@ -222,7 +228,7 @@ def test_a_k_quant_file_runs_packed_and_dequantized_alike(tmp_path, qtype):
 
     write_gguf(tmp_path / "k.gguf", _hf_llama(d_model=256, d_ff=256, vocab=101), qtype)
     floats = ak.from_pretrained(tmp_path / "k.gguf")
-    packs = ak.from_pretrained(tmp_path / "k.gguf", dequantize=False)
+    packs = _float_path(ak.from_pretrained(tmp_path / "k.gguf", dequantize=False))
     assert packs.cfg.extra["weights"] == {"packed": {qtype.name: 12}, "float32": {}}
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
@@ -239,7 +245,7 @@ def test_smollm2_packed_decodes_the_same_tokens():
     from attnkit.interop import load_tokenizer_for
 
     floats = ak.from_pretrained("smollm2")
-    packs = ak.from_pretrained("smollm2", dequantize=False)
+    packs = _float_path(ak.from_pretrained("smollm2", dequantize=False))
     # 150 Q4_1 linear layers; the Q8_0 table, looked up and (tied) the output layer
     assert packs.cfg.extra["weights"] == {"packed": {"Q4_1": 150, "Q8_0": 2}, "float32": {}}
     tokenizer = load_tokenizer_for("smollm2")

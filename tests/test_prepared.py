@@ -8,6 +8,7 @@ The prompts stay under 8 tokens, below which no product takes oneDNN's GEMM: the
 the same arithmetic as the plain model, and the tokens can be compared on any CPU."""
 
 import copy
+import warnings
 from contextlib import ExitStack
 
 import pytest
@@ -130,3 +131,31 @@ def test_the_switches_environment_is_read_when_the_levers_are_reported(monkeypat
         assert switch("ATTNKIT_UNPAD").on
     monkeypatch.delenv("ATTNKIT_UNPAD")
     assert "unpadded on" in ", ".join(str(lever) for lever in accel.levers("training"))
+
+
+def test_a_model_loaded_with_packed_weights_is_ready_for_decoding(tmp_path):
+    """from_pretrained readies a model that keeps blocks as ``attnkit generate`` does (the
+    same levers, the same tokens); a packed model nobody readied says so, once."""
+    from attnkit.accel import packed
+
+    cfg = ak.ModelConfig.preset(
+        "tiny", vocab_size=64, position="rope", norm_type="rmsnorm", activation="swiglu",
+        bias=False, n_kv_heads=2, eos_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    plain = accel.quantize(ak.DecoderLM(cfg).eval(), "Q8_0")
+    plain.save_pretrained(tmp_path / "q")
+    ids = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+    packed._said = False
+    with pytest.warns(UserWarning, match=r"runs unprepared: accel.prepare\(model, 'decoding'\)"):
+        unprepared = plain.generate(ids, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails
+        plain.generate(ids, 8)  # said once
+        loaded = ak.from_pretrained(tmp_path / "q")
+        assert type(loaded.decoder) is accel.PackedStack
+        assert all(m.integer for m in loaded.modules() if isinstance(m, accel.PackedLinear))
+        ready = accel.prepare(copy.deepcopy(plain), "decoding").model
+        assert torch.equal(loaded.generate(ids, 8), ready.generate(ids, 8))
+        exact = accel.prepare(loaded, "decoding", exact=True).model  # the explicit form
+        assert torch.equal(exact.generate(ids, 8), unprepared)

@@ -43,6 +43,8 @@ and go through a GEMM: oneDNN's where ``accel.onednn.linear`` takes the product,
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -136,6 +138,7 @@ class PackedLinear(nn.Module):
     """
 
     integer = False  # float32 activations (IntegerPackedLinear: int8)
+    prepared = False  # accel.prepare(model, "decoding") marks the layers of a model it readied
 
     @property
     def block_format(self) -> str:
@@ -181,6 +184,8 @@ class PackedLinear(nn.Module):
             usable, product = _operator is not None, _operator
         else:
             usable, product = native.library() is not None, _packed_product
+            if not self.prepared:
+                _say_unprepared()
         if not usable or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
             y = self._dequantized_product(x)
         else:
@@ -324,6 +329,21 @@ def _packed_product(x: Tensor, blocks: Tensor, kind: int, out_features: int) -> 
         if status != 0:  # cannot happen for shapes PackedLinear checked
             raise RuntimeError(f"packed_matmul refused {n} rows of {in_features} ({status})")
     return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+_said = False  # whether _say_unprepared spoke
+
+
+def _say_unprepared() -> None:
+    """Say once per process that a packed layer ran in a model nobody readied for decoding."""
+    global _said
+    if not _said:
+        _said = True
+        warnings.warn(
+            "a model with packed weights runs unprepared: accel.prepare(model, 'decoding') "
+            "gives it the integer path and its decoder stack in C (from_pretrained does it)",
+            stacklevel=3,
+        )
 
 
 # The kernel as an operator, torch.ops.attnkit.packed_linear, once register_operator() ran.

@@ -200,6 +200,9 @@ def prepare(model: nn.Module, job: str, *, exact: bool = False, compile: bool = 
         if compile:
             device = next(model.parameters()).device
             model.decoding_steps = compiled_steps(device)
+        for module in model.modules():
+            if isinstance(module, PackedLinear):
+                module.prepared = True
         return Prepared(model, job, found)
     found = _training_levers(model)
     on = {lever.name: lever.on for lever in found}
