@@ -135,6 +135,18 @@ class KVCache:
             )
         self.length += count
 
+    def ahead(self, count: int) -> None:
+        """What :meth:`rewind` needs kept before ``count`` more positions are written: nothing
+        (later positions never overwrite earlier ones)."""
+        return None
+
+    def rewind(self, count: int, saved: None = None) -> None:
+        """Forget the last ``count`` positions (speculative decoding drops rejected drafts);
+        later writes overwrite them."""
+        if not 0 <= count <= self.length:
+            raise ValueError(f"KVCache.rewind: count must be in [0, {self.length}], got {count}")
+        self.length -= count
+
 
 class RollingKVCache:
     """The last ``window`` keys and values of one layer, in a ring buffer of fixed size.
@@ -187,3 +199,36 @@ class RollingKVCache:
         """``count`` more positions were written in place into the ring's slots (``k``, ``v``,
         ``positions``, ``valid``) by a fused forward, as :meth:`KVCache.written`."""
         self.length += count
+
+    def _slots(self, start: int, count: int) -> Tensor:
+        return torch.arange(start, start + count, device=self.k.device) % self.window
+
+    def ahead(self, count: int) -> tuple[Tensor, ...]:
+        """A copy of the slots the next ``count`` positions will overwrite (at most ``window``),
+        which :meth:`rewind` puts back."""
+        if not 0 <= count <= self.window:
+            raise ValueError(
+                f"RollingKVCache.ahead: count must be in [0, {self.window}], got {count}"
+            )
+        slots = self._slots(self.length, count)
+        return (
+            self.k[:, :, slots],
+            self.v[:, :, slots],
+            self.positions[:, slots],
+            self.valid[:, slots],
+        )
+
+    def rewind(self, count: int, saved: tuple[Tensor, ...]) -> None:
+        """Forget the last ``count`` positions of those written since :meth:`ahead` kept their
+        slots (``saved``): the slots get back what they held."""
+        if not 0 <= count <= min(self.length, saved[0].shape[2]):
+            raise ValueError(
+                f"RollingKVCache.rewind: count must be in [0, {self.length}] and at most the "
+                f"{saved[0].shape[2]} slots kept, got {count}"
+            )
+        written = saved[0].shape[2]  # the positions written since ahead(): all of those slots
+        slots, first = self._slots(self.length - count, count), written - count
+        k, v, positions, valid = saved
+        self.k[:, :, slots], self.v[:, :, slots] = k[:, :, first:], v[:, :, first:]
+        self.positions[:, slots], self.valid[:, slots] = positions[:, first:], valid[:, first:]
+        self.length -= count

@@ -32,14 +32,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from attnkit import checks
+from attnkit.speculative import Speculative
+from attnkit.speculative import decode as speculative_decode
 
 __all__ = ["BeamHypothesis", "DecodingSteps", "beam_search", "generate", "lm_step", "sample_next",
-           "seq2seq_step", "steps_of"]  # fmt: skip
+           "sampling_probabilities", "seq2seq_step", "steps_of"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,6 +61,19 @@ def sample_next(
     """Draw one token per row of logits (B, V): ``softmax(logits / temperature)`` restricted to
     the ``top_k`` most likely tokens and to the smallest set whose probability reaches
     ``top_p`` (nucleus sampling); the most likely token always stays in."""
+    probs = sampling_probabilities(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+def sampling_probabilities(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Tensor:
+    """The distribution :func:`sample_next` draws from (B, V): ``softmax(logits /
+    temperature)`` restricted by ``top_k`` and ``top_p``."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (B, 1)
@@ -69,8 +85,7 @@ def sample_next(
         drop_sorted = before >= top_p  # the first token has 0 before it: always kept
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    return logits.softmax(dim=-1)
 
 
 def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample):
@@ -214,7 +229,9 @@ class _TransformerStepper:
 # --------------------------------------------------------------------------------------------
 
 
-def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose, on_token) -> Tensor:
+def _greedy_or_sample(
+    stepper, batch, max_new_tokens, eos_id, pad_id, choose, on_token, on_logits
+) -> Tensor:
     """Generate up to max_new_tokens per row; a row that produced EOS is filled with pad_id.
     Stops early once every row has finished. Returns the new tokens (B, T)."""
     device = stepper.device
@@ -225,6 +242,8 @@ def _greedy_or_sample(stepper, batch, max_new_tokens, eos_id, pad_id, choose, on
         tokens = choose(logits)  # (B,)
         tokens = tokens.masked_fill(finished, pad_id)
         new_tokens.append(tokens)
+        if on_logits is not None:
+            on_logits(logits)
         if on_token is not None:
             on_token(tokens)
         if eos_id is not None:
@@ -444,15 +463,44 @@ def generate(
     use_cache: bool = True,
     seed: int | None = None,
     on_token: Callable[[Tensor], None] | None = None,
+    on_logits: Callable[[Tensor], None] | None = None,
+    speculative: int | Speculative | None = None,
 ) -> Tensor:
     """Generate with a DecoderLM (``input_ids`` = prompts, result = prompt + new tokens) or a
     Transformer (``input_ids`` = sources, ``attention_mask`` = the source mask, result = target
     tokens with BOS first). Rows that finish (EOS) are filled with ``pad_id``; generation stops
-    early once every row has finished. The module docstring has the decoding rules."""
+    early once every row has finished. The module docstring has the decoding rules.
+
+    ``on_token(tokens)`` and ``on_logits(logits)`` are called with each step's new tokens (B,)
+    and the logits (B, V) they were chosen from (greedy and sampling). ``speculative`` (a draft
+    length, or a :class:`~attnkit.speculative.Speculative`) lets a DecoderLM check several
+    drafted tokens per call (:mod:`attnkit.speculative`): the same greedy tokens, the same
+    sampling distribution, one prompt at a time."""
     _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     cfg = model.cfg
     batch = input_ids.shape[0]
+    spec = Speculative.of(speculative)
+    if spec is not None:
+        if num_beams > 1:
+            raise ValueError(
+                "speculative decoding cannot be combined with beam search (num_beams > 1)"
+            )
+        if model.family != "decoder-only" or not use_cache:
+            raise ValueError("speculative decoding needs a DecoderLM and use_cache=True")
+        generator, warp = None, None
+        if do_sample:
+            generator = torch.Generator(device=input_ids.device)
+            generator.manual_seed(seed if seed is not None else torch.seed())
+            warp = partial(
+                sampling_probabilities, temperature=temperature, top_k=top_k, top_p=top_p
+            )
+        with eval_mode(model), eval_mode(spec.model) if spec.model is not None else nullcontext():
+            new = speculative_decode(
+                model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp, generator,
+                on_token, on_logits,
+            )  # fmt: skip
+        return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
     if num_beams > 1:
         hypotheses = beam_search(
             model,
@@ -485,7 +533,7 @@ def generate(
         with eval_mode(model):
             stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)
             new = _greedy_or_sample(
-                stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose, on_token
+                stepper, batch, max_new_tokens, eos_id, cfg.pad_id, choose, on_token, on_logits
             )
 
     if model.family == "decoder-only":

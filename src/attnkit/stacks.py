@@ -106,6 +106,18 @@ class DecoderCache:
         for cache in self.self_attn + (self.cross_attn or []):
             cache.reorder(index)
 
+    def ahead(self, count: int) -> list:
+        """What :meth:`rewind` needs kept, per layer, before ``count`` more positions are
+        written (the ring slots they overwrite)."""
+        return [cache.ahead(count) for cache in self.self_attn]
+
+    def rewind(self, count: int, saved: list | None = None) -> None:
+        """Forget the last ``count`` positions in every layer (``saved``: :meth:`ahead`'s, taken
+        before they were written; None where every layer keeps every position)."""
+        saved = [None] * len(self.self_attn) if saved is None else saved
+        for cache, kept in zip(self.self_attn, saved, strict=True):
+            cache.rewind(count, kept)
+
 
 class Decoder(nn.Module):
     """A stack of decoder layers (with or without cross-attention) and, for Pre-LN, a final norm."""
