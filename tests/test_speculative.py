@@ -166,3 +166,66 @@ def test_speculative_refuses_what_it_cannot_do():
         linear.generate(PROMPT, 4, speculative=2)
     with pytest.raises(TypeError, match="speculative must be None, a draft length"):
         model.generate(PROMPT, 4, speculative="4")
+
+
+@pytest.mark.parametrize("attention", ["full", "window"])
+def test_the_engine_speculates_greedy_requests_to_the_same_answer(attention):
+    """attnkit serve --speculate: a greedy request alone in the batch, with and without
+    penalties and logprobs, answers as the engine without speculation; a sampled one decodes
+    as before."""
+    import queue
+
+    from attnkit.serve import Engine, Request
+    from test_serve_engine import collect
+
+    class Ids:  # a tokenizer of token ids: the text is the ids
+        vocab_size, eos_id = 64, None
+
+        def decode(self, ids):
+            return "".join(f"{i} " for i in ids)
+
+    model = packed(llama(7, attention), "int8")
+    requests = [
+        dict(temperature=0, logprobs=2),
+        dict(temperature=0, frequency_penalty=0.5, presence_penalty=0.3),
+        dict(temperature=0.8, seed=3),
+    ]
+    answers = []
+    for speculative in (None, Speculative(5, ngram=2)):
+        engine = Engine(model, Ids(), max_batch=1, start=True, speculative=speculative)
+        try:
+            got = []
+            for options in requests:
+                q = queue.Queue()
+                engine.submit(Request(PROMPT[0].tolist(), 30, **options), q.put)
+                got.append([(e.get("id"), e.get("logprob")) for e in collect(q)[:-1]])
+            answers.append(got)
+            stats = engine.stats()
+        finally:
+            engine.close()
+    assert answers[0] == answers[1]
+    assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]
+
+
+@pytest.mark.needs("smollm2")
+def test_the_commands_speculate_and_refuse_in_one_line(capsys):
+    from attnkit.cli import main
+
+    prompt = "Repeat: the animal was too tired. Again: the animal"
+    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8",
+                 "--speculate", "4"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out == plain and "draft tokens kept" in err
+    for argv, message in [
+        (["--speculate", "4", "--beam", "2"], "--speculate cannot be combined with --beam"),
+        (["--speculate", "16"], r"--speculate: the draft length must be an int in [1, 15]"),
+        (["--speculate", "2", "--draft", "gemma3"], "--draft: gemma3's tokenizer is not the"),
+        (["--draft", "smollm2"], "--draft drafts for --speculate K"),
+    ]:
+        assert main(["generate", "smollm2", "x", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert main(["chat", "smollm2", "--speculate", "3"]) == 2
+    assert "give --temperature 0" in capsys.readouterr().err

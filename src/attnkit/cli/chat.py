@@ -10,6 +10,8 @@ from attnkit.cli.common import (
     add_dequantize_option,
     add_device_option,
     add_exact_option,
+    add_speculate_option,
+    speculative_from,
 )
 from attnkit.cli.serving import MODEL_HELP, load_chat_model
 
@@ -25,7 +27,10 @@ def register(commands) -> None:
             "goes into the next prompt through the model's chat template. /reset starts over, "
             "/quit (or Ctrl-D) ends."
         ),
-        epilog="examples:\n  attnkit chat smollm2\n  attnkit chat model.gguf --temperature 0",
+        epilog=(
+            "examples:\n  attnkit chat smollm2\n  attnkit chat model.gguf --temperature 0\n"
+            "  attnkit chat smollm2 --temperature 0 --speculate 6"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     chat.add_argument("model", metavar="MODEL", help=MODEL_HELP)
@@ -38,6 +43,7 @@ def register(commands) -> None:
     chat.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     add_dequantize_option(chat)
     add_exact_option(chat)
+    add_speculate_option(chat)
     add_device_option(chat, "run the model")
     chat.set_defaults(handler=run)
 
@@ -51,10 +57,13 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.speculate is not None and args.temperature != 0:
+        raise UsageError("--speculate checks greedy replies: give --temperature 0 with it")
     model, tokenizer, template, _ = load_chat_model(
         args.model, args.dequantize, args.device, exact=args.exact
     )
-    engine = Engine(model, tokenizer, max_batch=1, start=False)  # it runs on this thread
+    speculative = speculative_from(args)
+    engine = Engine(model, tokenizer, max_batch=1, start=False, speculative=speculative)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
     print("type a message; /reset starts over, /quit ends", file=sys.stderr, flush=True)

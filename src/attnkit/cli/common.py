@@ -43,6 +43,61 @@ def add_exact_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_speculate_option(parser: argparse.ArgumentParser, draft: bool = False) -> None:
+    """``--speculate K`` (and ``--draft MODEL``), for the commands that decode."""
+    from attnkit.speculative import MAX_DRAFT
+
+    parser.add_argument(
+        "--speculate",
+        type=int,
+        metavar="K",
+        help=f"speculative decoding: draft K tokens (1-{MAX_DRAFT}) from the context"
+        + (" (or --draft)" if draft else "")
+        + " and check them in one call of the model: the same greedy tokens, faster where the "
+        "answer repeats its context (a summary, an edit, code)"
+        + ("" if draft else "; greedy requests (temperature 0) only"),
+    )
+    if draft:
+        parser.add_argument(
+            "--draft",
+            metavar="MODEL",
+            help="with --speculate: a smaller model with the same tokenizer drafts the tokens",
+        )
+
+
+def speculative_from(args: argparse.Namespace, tokenizer=None):
+    """The Speculative that ``--speculate`` (and ``--draft``) ask for, or None; the draft
+    model must share the model's tokenizer."""
+    from attnkit.speculative import Speculative
+
+    draft_path = getattr(args, "draft", None)
+    if args.speculate is None:
+        if draft_path:
+            raise UsageError("--draft drafts for --speculate K: give both")
+        return None
+    if getattr(args, "beam", 1) > 1:
+        raise UsageError("--speculate cannot be combined with --beam (beam search)")
+    draft = None
+    if draft_path:
+        theirs = load_tokenizer(draft_path, "--draft")
+        if theirs is None or _vocabulary(theirs) != _vocabulary(tokenizer):
+            raise UsageError(
+                f"--draft: {draft_path}'s tokenizer is not the model's; a draft model must "
+                "share its tokenizer"
+            )
+        draft = load_model(draft_path, "--draft")
+    try:
+        return Speculative(args.speculate, model=draft)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--speculate: {str(error).removeprefix('speculative: ')}") from None
+
+
+def _vocabulary(tokenizer) -> dict | int:
+    """A tokenizer's token -> id table (its size where it has none)."""
+    inner = getattr(tokenizer, "hf", tokenizer)
+    return inner.get_vocab() if hasattr(inner, "get_vocab") else tokenizer.vocab_size
+
+
 def add_device_option(parser: argparse.ArgumentParser, work: str) -> None:
     """``--device``, for the commands that run a model without training it."""
     parser.add_argument(

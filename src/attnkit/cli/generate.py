@@ -13,8 +13,10 @@ from attnkit.cli.common import (
     add_dequantize_option,
     add_device_option,
     add_exact_option,
+    add_speculate_option,
     load_model,
     load_tokenizer,
+    speculative_from,
     to_device,
 )
 
@@ -31,17 +33,18 @@ def register(commands) -> None:
         description=(
             "Continue a prompt with a decoder-only language model, printing each token as it "
             "is made. The model is a directory that attnkit wrote (a training checkpoint or "
-            "model.save_pretrained) with its tokenizer.json, a Hugging Face directory of a GPT-2, "
-            "Llama or Gemma 3 model with its tokenizer.json, or a GGUF file of a Llama or Gemma 3 "
-            "model (its tokenizer is inside; 'smollm2' and 'gemma3' name the shipped ones). "
-            "Sampling by default; --greedy or --beam N for deterministic decoding."
+            "model.save_pretrained) with its tokenizer.json, a Hugging Face directory or a GGUF "
+            "file of an architecture docs/MODELS.md lists (GPT-2, Llama, Mistral, Qwen, Phi-3, "
+            "Gemma 3; a GGUF file's tokenizer is inside; 'smollm2' and 'gemma3' name the "
+            "shipped ones). Sampling by default; --greedy or --beam N for deterministic decoding."
         ),
         epilog=(
             "examples:\n"
             "  attnkit generate runs/shakespeare-char/checkpoint 'ROMEO:'\n"
             "  attnkit generate --checkpoint DIR 'To be' --greedy --max-new-tokens 50\n"
             "  attnkit generate --model model.gguf 'The capital of France is' --greedy\n"
-            "  attnkit generate DIR 'ROMEO:' --max-new-tokens 2000 --compile"
+            "  attnkit generate DIR 'ROMEO:' --max-new-tokens 2000 --compile\n"
+            "  attnkit generate smollm2 'Repeat: to be or not to be. Again:' --greedy --speculate 6"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -72,6 +75,7 @@ def register(commands) -> None:
     )
     add_dequantize_option(generate)
     add_exact_option(generate)
+    add_speculate_option(generate, draft=True)
     add_device_option(generate, "generate")
     generate.set_defaults(handler=run)
 
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> None:
         if model.cfg.bos_id is None:
             raise UsageError("generate: the prompt is empty and the model has no BOS token")
         ids = [model.cfg.bos_id]
+    speculative = speculative_from(args, tokenizer)
     device = to_device(model, args.device, path)
     from attnkit import accel
 
@@ -143,6 +148,7 @@ def run(args: argparse.Namespace) -> None:
             num_beams=args.beam,
             seed=args.seed,
             on_token=stream if args.beam == 1 else None,
+            speculative=speculative,
         )
     except ValueError as error:  # named as the options are, not as generate's arguments
         message = re.sub(
@@ -152,6 +158,8 @@ def run(args: argparse.Namespace) -> None:
     if args.beam > 1:
         print(prompt + tokenizer.decode(out[0].tolist())[len(base) :], end="")
     print()
+    if speculative is not None:
+        print(speculative.stats.line(), file=sys.stderr)
 
 
 def _option(name: re.Match) -> str:

@@ -13,6 +13,8 @@ from attnkit.cli.common import (
     add_dequantize_option,
     add_device_option,
     add_exact_option,
+    add_speculate_option,
+    speculative_from,
 )
 from attnkit.cli.serving import MODEL_HELP, levers_meta, load_chat_model
 
@@ -102,6 +104,7 @@ def register(commands) -> None:
     )
     add_dequantize_option(serve)
     add_exact_option(serve)
+    add_speculate_option(serve)
     add_device_option(serve, "run the model")
     serve.set_defaults(handler=run)
 
@@ -141,8 +144,9 @@ def run(args: argparse.Namespace) -> None:
         return serve_embeddings(args, model, tokenizer, name, api_key)
     # The model runs on this (the main) thread, the HTTP server on another (see serve.engine).
     engine = Engine(
-        model, tokenizer, max_batch=args.max_batch, prompt_cache=args.prompt_cache, start=False
-    )
+        model, tokenizer, max_batch=args.max_batch, prompt_cache=args.prompt_cache, start=False,
+        speculative=speculative_from(args),
+    )  # fmt: skip
     app = create_app(
         model,
         tokenizer,

@@ -49,7 +49,7 @@ def load_chat_model(
 
     levers = accel.prepare(model, "decoding", exact=exact)  # once, not per request
     model = levers.model
-    layers = [m for m in model.modules() if type(m).__name__ == "PackedLinear"]
+    layers = [m for m in model.modules() if isinstance(m, accel.PackedLinear)]
     packed = sum(m.in_features * m.out_features for m in layers)
     floats = model.num_parameters()  # a packed model keeps only its norms in float32
     count = f"{floats / 1e6:.1f}M" if floats >= 1e6 else f"{floats:,}"

@@ -27,6 +27,11 @@ through the ``sink`` each request brings (a callback that receives event dicts).
 
 A request with ``attention=True`` (the live attention page) runs alone, with the attention
 weights of every layer and head recorded for each token it produces.
+
+With ``speculative`` (``attnkit serve --speculate K``), a greedy request (temperature 0) that
+is the batch's only row checks up to K tokens drafted from its context per step
+(:mod:`attnkit.speculative`): each position's token is chosen as a plain step chooses it
+(penalties, grammar), so the answer is the same, and the rejected positions are forgotten.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from attnkit.generation import eval_mode, lm_step, sample_next, steps_of
 from attnkit.serve.grammar import Grammars
 from attnkit.serve.jobs import Job, Request, Sink
 from attnkit.serve.prompt_cache import PromptCache
+from attnkit.speculative import Speculative, lookup_draft
 from attnkit.stacks import DecoderCache
 
 # tokens that close a chat turn (Gemma, Llama 3, ChatML, Phi), where a vocabulary has them
@@ -90,6 +96,7 @@ class Engine:
         keep_attention: int = 8,
         prompt_cache: int = 16384,
         start: bool = True,
+        speculative: Speculative | None = None,
     ) -> None:
         if getattr(model, "family", None) != "decoder-only":
             raise TypeError(
@@ -120,6 +127,8 @@ class Engine:
         # recent prompts' prefilled caches, reused by a prompt that begins the same way
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache and self.plain else None
         self.steps = 0
+        self.speculative = speculative
+        self.drafted = self.accepted = 0  # speculative steps' draft tokens, and those kept
         self.admitting = 0  # a request taken from the queue and being prefilled: not yet a row
         self._stop = threading.Event()
         self._thread = None
@@ -163,6 +172,8 @@ class Engine:
         a prompt reused a recent one's cache (and how many positions it copied)."""
         running = len(self.jobs) + self.admitting  # a request in its prefill counts already
         stats = {"running": running, "waiting": self.waiting.qsize(), "steps": self.steps}
+        if self.speculative is not None:
+            stats.update(drafted=self.drafted, accepted=self.accepted)
         if self.prompt_cache is not None:
             stats.update(self.prompt_cache.stats())
         return stats
@@ -251,6 +262,9 @@ class Engine:
             if not self.jobs:
                 return
         b = len(self.jobs)
+        if b == 1 and self.speculative is not None and self.jobs[0].request.temperature == 0:
+            if self._speculate(self.jobs[0]):
+                return
         tokens = torch.tensor([[job.generated[-1]] for job in self.jobs], device=self.device)
         new = torch.ones(b, 1, dtype=torch.bool, device=self.device)
         self.mask = torch.cat([self.mask, new], dim=1)  # (B, L + 1)
@@ -266,6 +280,42 @@ class Engine:
                 done.append(i)
         if done:
             self._keep([i for i in range(b) if i not in done])
+
+    def _speculate(self, job: Job) -> bool:
+        """One speculative step of the batch's only row: its last token and the drafts in one
+        call, each position's token chosen as :meth:`_step` would, until one differs from its
+        draft (the positions after it forgotten). False when there is no draft."""
+        limit = [c.window - 1 for c in self.cache.self_attn if hasattr(c, "window")]
+        k = min([self.speculative.draft_tokens, job.remaining - 1, *limit])
+        sequence = torch.tensor(job.request.prompt_ids + job.generated)
+        drafts = lookup_draft(sequence, self.speculative.ngram, k) if k > 0 else []
+        if not drafts:
+            return False
+        n = len(drafts) + 1
+        saved = self.cache.ahead(n)
+        tokens = torch.tensor([[job.generated[-1], *drafts]], device=self.device)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(1, n)], dim=1)
+        hidden = self.model.hidden_states(tokens, self.mask, self.cache)[0]
+        logits = _on_cpu(self.model.lm_head(hidden[0]))  # (n, V)
+        self.steps += 1
+        self.drafted += len(drafts)
+        try:
+            for i in range(n):
+                token = self._choose(job, logits[i])
+                if self._emit(job, token):
+                    self._keep([])
+                    return True
+                if i == len(drafts) or token != drafts[i]:
+                    break
+                self.accepted += 1
+        except Exception as error:  # this row's own failure (its grammar, its sink)
+            job.sink(_error(error))
+            self._keep([])
+            return True
+        if n - 1 - i:
+            self.cache.rewind(n - 1 - i, saved)
+            self.mask = self.mask[:, : -(n - 1 - i)]
+        return True
 
     def _prompt_scores(self, job: Job, hidden: Tensor, rows: int = 256) -> list:
         """[(token id, its log-probability given the tokens before it, top)] for the prompt,
