@@ -88,6 +88,7 @@ typedef struct {
 /* Scratch for one layer's call, by role. */
 typedef struct {
     float *h, *qkv, *attn, *gate, *up, *scores, *sums, *angles, *out, *new_k, *new_v;
+    const float **values; /* (rows, H, M): the value each score weighs, NULL where none */
     Int8Rows qx;
 } Scratch;
 
@@ -123,14 +124,15 @@ static size_t layer_scratch(const LlamaLayer *L, int M) {
     const int A = H * dh, Nqkv = (H + 2 * L->n_kv_heads) * dh;
     const size_t floats = (size_t)D + Nqkv + A + 2 * F + (size_t)H * M + 4 * (W / QK) + dh + D +
                           2 * (size_t)L->n_kv_heads * dh;
-    return sizeof(float) * floats + W;
+    return sizeof(const float *) * H * M + sizeof(float) * floats + W;
 }
 
 static Scratch carve(const LlamaLayer *L, float *base, int rows, int M) {
     const int D = L->d_model, H = L->n_heads, dh = L->d_head, F = L->d_ff, W = widest(L) / QK;
     const int A = H * dh, Nqkv = (H + 2 * L->n_kv_heads) * dh, kv = L->n_kv_heads * dh;
     Scratch s;
-    s.h = base;
+    s.values = (const float **)base; /* first: the pointers keep malloc's alignment */
+    s.h = (float *)(s.values + (size_t)rows * H * M);
     s.qkv = s.h + (size_t)rows * D;
     s.attn = s.qkv + (size_t)rows * Nqkv;
     s.gate = s.attn + (size_t)rows * A;
@@ -272,6 +274,7 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         const int64_t i = (int64_t)length + r % T; /* this token's cache index */
         const int slots = ring ? M : (int)(i + 1);
         float q[dh], normed[dh], *sc = s.scores + (size_t)item * M;
+        const float **vs = s.values + (size_t)item * M;
         float *o = s.attn + (size_t)r * A + (size_t)head * dh;
         const float *raw = s.qkv + (size_t)r * Nqkv + (size_t)head * dh, *k, *v;
         if (L->q_norm != NULL) rms_norm_fixed(raw, L->q_norm, normed, 1, dh, L->qk_eps);
@@ -280,7 +283,9 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         float top = -INFINITY;
         for (int j = 0; j < slots; j++) {
             sc[j] = -INFINITY;
+            vs[j] = NULL;
             if (!key_at(L, C, c, &s, b, g, i, j, &k, &v)) continue;
+            vs[j] = v;
             sc[j] = dot(q, k, dh) * L->scale;
             if (sc[j] > top) top = sc[j];
         }
@@ -301,10 +306,10 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         for (; e0 + 64 <= dh; e0 += 64) {
             f16x16 acc[4] = {{0}, {0}, {0}, {0}};
             for (int j = 0; j < slots; j++)
-                if (sc[j] != 0.0f && key_at(L, C, c, &s, b, g, i, j, &k, &v))
+                if (sc[j] != 0.0f && vs[j] != NULL)
                     for (int part = 0; part < 4; part++) {
                         f16x16 w;
-                        memcpy(&w, v + e0 + 16 * part, sizeof w);
+                        memcpy(&w, vs[j] + e0 + 16 * part, sizeof w);
                         acc[part] += sc[j] * w;
                     }
             memcpy(o + e0, acc, sizeof acc);
@@ -312,8 +317,8 @@ static void layer_forward(const LlamaLayer *L, const LlamaCache *C, float *x, co
         for (int e = e0; e < dh; e++) o[e] = 0.0f; /* the last values, fewer than 64 */
         if (e0 < dh)
             for (int j = 0; j < slots; j++)
-                if (sc[j] != 0.0f && key_at(L, C, c, &s, b, g, i, j, &k, &v))
-                    for (int e = e0; e < dh; e++) o[e] += sc[j] * v[e];
+                if (sc[j] != 0.0f && vs[j] != NULL)
+                    for (int e = e0; e < dh; e++) o[e] += sc[j] * vs[j][e];
     }
 #pragma omp for schedule(static)
     for (int r = 0; r < c->rows; r++) {
