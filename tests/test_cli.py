@@ -121,3 +121,25 @@ def test_explain_scaling_prints_variances_near_d_k_and_draws_the_plot(capsys, tm
         assert abs(float(r[1]) / int(r[0]) - 1) < 0.05  # Var[q.k] within 5% of d_k
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["explain", "--png", str(png)]) == 2  # --png needs a topic
+
+
+@pytest.mark.needs("smollm2")
+def test_the_commands_speculate_and_refuse_in_one_line(capsys):
+    prompt = "Repeat: the animal was too tired. Again: the animal"
+    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8",
+                 "--speculate", "4"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out == plain and "draft tokens kept" in err
+    for argv, message in [
+        (["--speculate", "4", "--beam", "2"], "--speculate cannot be combined with --beam"),
+        (["--speculate", "16"], r"--speculate: the draft length must be an int in [1, 15]"),
+        (["--speculate", "2", "--draft", "gemma3"], "--draft: gemma3's tokenizer is not the"),
+        (["--draft", "smollm2"], "--draft drafts for --speculate K"),
+    ]:
+        assert main(["generate", "smollm2", "x", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert main(["chat", "smollm2", "--speculate", "3"]) == 2
+    assert "give --temperature 0" in capsys.readouterr().err

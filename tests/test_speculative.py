@@ -205,27 +205,3 @@ def test_the_engine_speculates_greedy_requests_to_the_same_answer(attention):
             engine.close()
     assert answers[0] == answers[1]
     assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]
-
-
-@pytest.mark.needs("smollm2")
-def test_the_commands_speculate_and_refuse_in_one_line(capsys):
-    from attnkit.cli import main
-
-    prompt = "Repeat: the animal was too tired. Again: the animal"
-    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8"]) == 0
-    plain = capsys.readouterr().out
-    assert main(["generate", "smollm2", prompt, "--greedy", "--max-new-tokens", "8",
-                 "--speculate", "4"]) == 0  # fmt: skip
-    out, err = capsys.readouterr()
-    assert out == plain and "draft tokens kept" in err
-    for argv, message in [
-        (["--speculate", "4", "--beam", "2"], "--speculate cannot be combined with --beam"),
-        (["--speculate", "16"], r"--speculate: the draft length must be an int in [1, 15]"),
-        (["--speculate", "2", "--draft", "gemma3"], "--draft: gemma3's tokenizer is not the"),
-        (["--draft", "smollm2"], "--draft drafts for --speculate K"),
-    ]:
-        assert main(["generate", "smollm2", "x", *argv]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and message in err, err
-    assert main(["chat", "smollm2", "--speculate", "3"]) == 2
-    assert "give --temperature 0" in capsys.readouterr().err
