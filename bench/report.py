@@ -81,7 +81,7 @@ def tables() -> str:
             for name, value in figures.get("ratios", {}).items():
                 if not shown(name, figures):
                     continue
-                pct = "MFU" in name
+                pct = "MFU" in name or "share" in name
                 text = f"{value:.1%}" if pct else f"{value:.3f}x"
                 spread = spreads.get(name)
                 rounds = f"{spread[1]:.3f} ({spread[0]:.2f}-{spread[2]:.2f})" if spread else ""
