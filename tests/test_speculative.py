@@ -102,6 +102,7 @@ def test_a_draft_from_the_context_is_what_followed_the_last_ngram():
     assert lookup_draft(seq, 3, 10) == [4, 5, 1, 2, 3]
     assert lookup_draft(torch.tensor([7, 8, 9, 8]), 3, 2) == [9, 8]  # falls back to 1-grams
     assert lookup_draft(torch.tensor([1, 2, 3]), 3, 4) == []
+    assert lookup_draft(torch.tensor([7, 8, 9, 8]), 3, 2, shortest=2) == []  # no 2-gram recurs
 
 
 def test_a_ring_rewinds_to_the_slots_it_held():
@@ -153,6 +154,8 @@ def test_speculative_refuses_what_it_cannot_do():
         model.generate(PROMPT, 4, speculative=16)
     with pytest.raises(ValueError, match="got 0"):
         Speculative(0)
+    with pytest.raises(ValueError, match=r"min_ngram must be an int in \[1, ngram=2\], got 3"):
+        Speculative(4, ngram=2, min_ngram=3)
     with pytest.raises(ValueError, match="cannot be combined with beam search"):
         model.generate(PROMPT, 4, speculative=4, num_beams=2)
     with pytest.raises(ValueError, match="one prompt at a time, got a batch of 2"):

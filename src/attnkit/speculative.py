@@ -15,9 +15,9 @@ a sliding-window layer's ring puts back the slots they overwrote, so k + 1 stays
 narrowest window).
 
 **Drafts.** ``Speculative(model=None)`` looks them up in the context (prompt lookup, as
-transformers' ``prompt_lookup_num_tokens``): the last ``ngram`` tokens (then fewer) are found
-earlier in the prompt and the answer so far, and the k tokens that followed them there are the
-draft. Text that repeats its context (a summary, an edit, code) agrees with it often.
+transformers' ``prompt_lookup_num_tokens``): the last ``ngram`` tokens (then fewer, down to
+``min_ngram``) are found earlier in the prompt and the answer so far, and the k tokens that
+followed them there are the draft. Text that repeats its context (a summary, an edit, code) agrees with it often.
 ``Speculative(model=draft)`` asks a smaller model with the same tokenizer for k greedy tokens
 (sampled, when the model samples) instead.
 
@@ -77,14 +77,16 @@ class SpeculativeStats:
 
 @dataclass
 class Speculative:
-    """How to draft: ``draft_tokens`` (k, 1 to ``MAX_DRAFT``) per call; ``ngram``, the longest
-    context n-gram that prompt lookup matches; ``model``, a draft DecoderLM with the same
-    vocabulary (None: prompt lookup). ``stats`` holds the last generation's
-    :class:`SpeculativeStats`."""
+    """How to draft: ``draft_tokens`` (k, 1 to ``MAX_DRAFT``) per call; ``ngram`` and
+    ``min_ngram``, the longest and the shortest context n-gram that prompt lookup matches (a
+    single token's match drafts poorly: where nothing longer matches, the step is a plain one);
+    ``model``, a draft DecoderLM with the same vocabulary (None: prompt lookup). ``stats``
+    holds the last generation's :class:`SpeculativeStats`."""
 
-    draft_tokens: int = 4
+    draft_tokens: int = 5
     ngram: int = 3
     model: nn.Module | None = None
+    min_ngram: int = 2
     stats: SpeculativeStats | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +97,11 @@ class Speculative:
             )
         if not checks.is_int(self.ngram) or self.ngram < 1:
             raise ValueError(f"speculative: ngram must be a positive int, got {self.ngram!r}")
+        if not checks.is_int(self.min_ngram) or not 1 <= self.min_ngram <= self.ngram:
+            raise ValueError(
+                f"speculative: min_ngram must be an int in [1, ngram={self.ngram}], "
+                f"got {self.min_ngram!r}"
+            )
         if self.model is not None and getattr(self.model, "family", None) != "decoder-only":
             found = type(self.model).__name__
             raise TypeError(f"speculative: the draft model must be a DecoderLM, got {found}")
@@ -109,11 +116,12 @@ class Speculative:
         raise TypeError(f"speculative must be None, a draft length or a Speculative, got {value!r}")
 
 
-def lookup_draft(sequence: Tensor, ngram: int, k: int) -> list[int]:
+def lookup_draft(sequence: Tensor, ngram: int, k: int, shortest: int = 1) -> list[int]:
     """Prompt lookup: the up to ``k`` tokens that followed the latest earlier occurrence of the
-    sequence's last ``ngram`` tokens (then of fewer), or [] when none occurs. ``sequence``: (N,)"""
+    sequence's last ``ngram`` tokens (then of fewer, down to ``shortest``), or [] when none
+    occurs. ``sequence``: (N,)"""
     n_tokens = sequence.shape[0]
-    for n in range(min(ngram, n_tokens - 1), 0, -1):
+    for n in range(min(ngram, n_tokens - 1), shortest - 1, -1):
         windows = sequence[: n_tokens - 1].unfold(0, n, 1)  # (N - n, n): every earlier n-gram
         found = (windows == sequence[n_tokens - n :]).all(dim=1).nonzero()
         if len(found):
@@ -218,7 +226,7 @@ def decode(model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp,
         if k and draft is not None:
             drafts, drawn_from = draft.propose(sequence, k, choose)
         elif k:
-            drafts = lookup_draft(torch.tensor(sequence), spec.ngram, k)
+            drafts = lookup_draft(torch.tensor(sequence), spec.ngram, k, spec.min_ngram)
             drawn_from = [None] * len(drafts)
         saved = cache.ahead(len(drafts) + 1)
         fed = torch.tensor([[sequence[-1], *drafts]])

@@ -288,7 +288,8 @@ class Engine:
         limit = [c.window - 1 for c in self.cache.self_attn if hasattr(c, "window")]
         k = min([self.speculative.draft_tokens, job.remaining - 1, *limit])
         sequence = torch.tensor(job.request.prompt_ids + job.generated)
-        drafts = lookup_draft(sequence, self.speculative.ngram, k) if k > 0 else []
+        spec = self.speculative
+        drafts = lookup_draft(sequence, spec.ngram, k, spec.min_ngram) if k > 0 else []
         if not drafts:
             return False
         n = len(drafts) + 1
