@@ -27,7 +27,8 @@ def add_dequantize_option(parser: argparse.ArgumentParser) -> None:
         "--dequantize",
         action="store_true",
         help="turn every weight of a GGUF file or of a quantized model into float32 (by default "
-        "Q8_0, Q4_0, Q4_1 and Q4_K layers stay in their blocks, which decodes about 2.5x faster "
+        "the layers stored as Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K or Q5_0 stay in their blocks, "
+        "which decodes about 2.5x faster "
         "in a third of the memory, with the same greedy tokens; a GPU needs float32)",
     )
 
