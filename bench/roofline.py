@@ -9,8 +9,10 @@ they are would read). A prompt multiplies
 many rows by the same weights, so its limit is the integer units' peak: 2 x weights operations
 per token (a multiply and an add) at the int8 peak. Measured here:
 
-- read bandwidth: summing a float32 tensor far larger than the caches (256 MiB), and one that
-  fits in them (1 MiB, read again and again), with torch's threads;
+- read bandwidth: a float32 tensor far larger than the caches (256 MiB), and one that fits in
+  them (1 MiB, read again and again), read by torch's threads: the fastest of a sum and MKL's
+  two matrix-vector products (a sum alone reads about 25% slower than a GEMV on the Xeon the
+  project measured);
 - int8 and bf16 product peaks: torch's own ``_int_mm`` (int8 x int8 -> int32) and bf16 matmul
   on 2048 x 2048 matrices (oneDNN's kernels: AMX tiles where the CPU has them);
 - SmolLM2-135M (Q4_1) and Gemma 3 270M (Q4_K_M), packed and prepared as ``from_pretrained``
@@ -47,10 +49,14 @@ def best_time(run, repeats: int) -> float:
 
 
 def read_bandwidth(mib: int) -> float:
-    """Bytes read per second summing a float32 tensor of ``mib`` MiB (best of several)."""
+    """Bytes read per second from ``mib`` MiB of float32: the best of three readers, a sum and
+    MKL's two matrix-vector products (x W and W x, W 2048 wide), each the best of several."""
     x = torch.ones(mib << 18)
+    w, v = x.view(-1, 2048), torch.ones(2048)
+    wt = x.view(2048, -1)
     repeats = max(8, 2048 // mib)
-    return x.nbytes / best_time(lambda: x.sum(), repeats)
+    readers = (lambda: x.sum(), lambda: torch.mv(w, v), lambda: v @ wt)
+    return x.nbytes / min(best_time(read, repeats) for read in readers)
 
 
 def product_peaks(n: int = 2048) -> dict[str, float]:

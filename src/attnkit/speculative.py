@@ -17,9 +17,9 @@ narrowest window).
 **Drafts.** ``Speculative(model=None)`` looks them up in the context (prompt lookup, as
 transformers' ``prompt_lookup_num_tokens``): the last ``ngram`` tokens (then fewer, down to
 ``min_ngram``) are found earlier in the prompt and the answer so far, and the k tokens that
-followed them there are the draft. Text that repeats its context (a summary, an edit, code) agrees with it often.
-``Speculative(model=draft)`` asks a smaller model with the same tokenizer for k greedy tokens
-(sampled, when the model samples) instead.
+followed them there are the draft. Text that repeats its context (a summary, an edit, code)
+agrees with it often. ``Speculative(model=draft)`` asks a smaller model with the same tokenizer
+for k greedy tokens (sampled, when the model samples) instead.
 
 **The same answer.** Greedy decoding keeps exactly the tokens the model chooses, so the output
 is plain decoding's token for token, with the same logits wherever the model gives a position
