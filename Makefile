@@ -92,7 +92,9 @@ lint: $(KERNELS)
 test: lint data
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -n 2 --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
-	@for v in $$($(BIN)/python -c "from attnkit.accel import native; print(*native.others())"); do \
+	@others=$$($(BIN)/python -c "from attnkit.accel import native; print(*native.others())") \
+	  || { echo "make test: could not list the other kernel variants" >&2; exit 1; }; \
+	for v in $$others; do \
 	  echo "the tests marked variants, with ATTNKIT_KERNELS=$$v"; \
 	  ATTNKIT_KERNELS=$$v $(BIN)/pytest -m "variants and not serial" \
 	    $$(grep -l "mark.variants" tests/test_*.py) || exit 1; \
