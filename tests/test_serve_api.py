@@ -186,21 +186,40 @@ def test_n_choices_penalties_and_logit_bias(client, reference):
     assert len(set(repeats)) < len(repeats) / 2  # greedy goes on repeating itself
     # OpenAI's formula, replayed greedily on this process's logits (the server's, bit for bit):
     # each token is the argmax of logits - count * frequency - (count > 0) * presence, the counts
-    # over the tokens generated before it; the replay must write the server's text
-    model, start = reference[0].model, tokenizer.encode(prompt)
-    for frequency, presence in ((2.0, 0.0), (0.0, 2.0), (0.7, 1.3)):
-        penalised = client.completions.create(
-            model="smollm2", prompt=prompt, max_tokens=12, temperature=0,
-            frequency_penalty=frequency, presence_penalty=presence,
-        )  # fmt: skip
-        ids = []
+    # over the tokens generated before it; the replay must write the server's text. The prompts
+    # and penalties are ones where a token comes back several times, so counts of 2 and more
+    # decide the argmax: each wrong formula below writes another text, which the server's must
+    # not be.
+    model = reference[0].model
+    formulas = {
+        "openai": lambda c, f, p: c * f + (c > 0) * p,
+        "swapped": lambda c, f, p: c * p + (c > 0) * f,
+        "counted once": lambda c, f, p: (c > 0) * (f + p),
+        "counted always": lambda c, f, p: c * (f + p),
+    }
+
+    def replay(start: list[int], formula, frequency: float, presence: float) -> list[int]:
+        ids: list[int] = []
         with torch.no_grad():
-            for _ in range(12):
+            for _ in range(16):
                 logits = model(torch.tensor([start + ids]))[0, -1]
                 counts = torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=VOCAB)
-                ids.append(int((logits - counts * frequency - (counts > 0) * presence).argmax()))
-        assert tokenizer.decode(ids) == penalised.choices[0].text, (frequency, presence)
-        assert len(set(ids)) > len(set(repeats))  # the penalties push it elsewhere
+                ids.append(int((logits - formula(counts, frequency, presence)).argmax()))
+        return ids
+
+    cases = [(prompt, 0.4, 0.2), ("1, 1, 1, 1, 1, 1, 1, 1,", 1.0, 0.5)]
+    for text, frequency, presence in cases:
+        penalised = client.completions.create(
+            model="smollm2", prompt=text, max_tokens=16, temperature=0,
+            frequency_penalty=frequency, presence_penalty=presence,
+        ).choices[0].text  # fmt: skip
+        start = tokenizer.encode(text)
+        replays = {name: replay(start, f, frequency, presence) for name, f in formulas.items()}
+        ids = replays.pop("openai")
+        assert tokenizer.decode(ids) == penalised, (text, frequency, presence)
+        assert max(ids.count(t) for t in ids) >= 3  # counts of 2 and more came into play
+        for name, wrong in replays.items():
+            assert tokenizer.decode(wrong) != penalised, (name, text)
 
 
 def test_tokenize_and_detokenize(server, reference):
