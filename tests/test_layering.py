@@ -20,6 +20,7 @@ ORDER = [
     {"attention"},  # scaled_dot_product_attention, MultiHeadAttention
     {"layers"},  # FFN, MoE, norms, EncoderLayer, DecoderLayer, LMHead
     {"stacks", "serialization"},  # embeddings + stacks; the save format and family registry
+    {"sampling"},  # the distribution a sampled token is drawn from
     {"speculative"},  # drafting and checking several tokens per call (generate's, serve's)
     {"generation"},  # decoding algorithms, written against the models' small interface
     {"models"},  # the three families

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from attnkit import checks
+from attnkit.sampling import sample_next, sampling_probabilities
 from attnkit.speculative import Speculative
 from attnkit.speculative import decode as speculative_decode
 
@@ -46,46 +47,8 @@ __all__ = ["BeamHypothesis", "DecodingSteps", "beam_search", "generate", "lm_ste
 
 
 # --------------------------------------------------------------------------------------------
-# Choosing the next token
+# The options
 # --------------------------------------------------------------------------------------------
-
-
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Draw one token per row of logits (B, V): ``softmax(logits / temperature)`` restricted to
-    the ``top_k`` most likely tokens and to the smallest set whose probability reaches
-    ``top_p`` (nucleus sampling); the most likely token always stays in."""
-    probs = sampling_probabilities(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
-
-
-def sampling_probabilities(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> Tensor:
-    """The distribution :func:`sample_next` draws from (B, V): ``softmax(logits /
-    temperature)`` restricted by ``top_k`` and ``top_p``."""
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # probability mass strictly before each token
-        drop_sorted = before >= top_p  # the first token has 0 before it: always kept
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(dim=-1)
 
 
 def _check_options(max_new_tokens, temperature, top_k, top_p, num_beams, do_sample):
@@ -480,28 +443,19 @@ def generate(
     eos_id = _prepare(model, input_ids, max_new_tokens, eos_id)
     cfg = model.cfg
     batch = input_ids.shape[0]
+    generator, warp = None, None  # sampling: the seeded draws, the distribution they follow
+    if do_sample:
+        generator = torch.Generator(device=input_ids.device)
+        generator.manual_seed(seed if seed is not None else torch.seed())
+        warp = partial(sampling_probabilities, temperature=temperature, top_k=top_k, top_p=top_p)
     spec = Speculative.of(speculative)
     if spec is not None:
-        if num_beams > 1:
-            raise ValueError(
-                "speculative decoding cannot be combined with beam search (num_beams > 1)"
-            )
-        if model.family != "decoder-only" or not use_cache:
-            raise ValueError("speculative decoding needs a DecoderLM and use_cache=True")
-        generator, warp = None, None
-        if do_sample:
-            generator = torch.Generator(device=input_ids.device)
-            generator.manual_seed(seed if seed is not None else torch.seed())
-            warp = partial(
-                sampling_probabilities, temperature=temperature, top_k=top_k, top_p=top_p
-            )
         with eval_mode(model), eval_mode(spec.model) if spec.model is not None else nullcontext():
             new = speculative_decode(
                 model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp, generator,
-                on_token, on_logits,
+                on_token, on_logits, num_beams=num_beams, use_cache=use_cache,
             )  # fmt: skip
-        return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
-    if num_beams > 1:
+    elif num_beams > 1:
         hypotheses = beam_search(
             model,
             input_ids,
@@ -517,18 +471,11 @@ def generate(
         for b, hyps in enumerate(hypotheses):  # new: (B, T)
             new[b, : len(hyps[0].tokens)] = torch.tensor(hyps[0].tokens)
     else:
-        if do_sample:
-            generator = torch.Generator(device=input_ids.device)
-            generator.manual_seed(seed if seed is not None else torch.seed())
 
-            def choose(logits):
-                return sample_next(
-                    logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-                )
-        else:
-
-            def choose(logits):
+        def choose(logits):  # (B, V) -> (B,)
+            if warp is None:
                 return logits.argmax(dim=-1)
+            return torch.multinomial(warp(logits), 1, generator=generator).squeeze(-1)
 
         with eval_mode(model):
             stepper = _stepper(model, input_ids, attention_mask, 1, max_new_tokens, use_cache)

@@ -41,8 +41,9 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import checks
+from attnkit.caches import KVCache, RollingKVCache
 
-__all__ = ["MAX_DRAFT", "Speculative", "SpeculativeStats", "lookup_draft"]
+__all__ = ["MAX_DRAFT", "Speculative", "SpeculativeStats", "longest_draft", "lookup_draft"]
 
 MAX_DRAFT = 15  # k + 1 positions per verifying call: 16, the C stack's rows per call
 
@@ -130,6 +131,12 @@ def lookup_draft(sequence: Tensor, ngram: int, k: int, shortest: int = 1) -> lis
     return []
 
 
+def longest_draft(cache, k: int) -> int:
+    """k, or less where a ring of w slots must take back the positions of a call: k + 1 <= the
+    narrowest window of ``cache`` (a DecoderCache)."""
+    return min([k] + [c.window - 1 for c in cache.self_attn if isinstance(c, RollingKVCache)])
+
+
 class _DraftModel:
     """A draft model's proposals; its cache holds the context tokens it was fed, kept to those
     the target agreed with."""
@@ -143,7 +150,7 @@ class _DraftModel:
         self.model = model
         self.cache = model.new_cache(1, length, dtype=next(model.parameters()).dtype)
         for cache in self.cache.self_attn:
-            if type(cache).__name__ != "KVCache":
+            if type(cache) is not KVCache:
                 raise ValueError(
                     "speculative: the draft model's layers must attend over the whole context "
                     f"({type(cache).__name__} cannot be rewound to any length)"
@@ -174,10 +181,14 @@ class _DraftModel:
 
 
 def decode(model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp, generator,
-           on_token=None, on_logits=None) -> Tensor:  # fmt: skip
+           on_token=None, on_logits=None, *, num_beams=1, use_cache=True) -> Tensor:  # fmt: skip
     """Speculative greedy decoding (``warp`` None) or sampling (``warp(logits)``: the
     probabilities after temperature, top-k, top-p) of one prompt; the new tokens (1, T).
     ``spec.stats`` gets the counts."""
+    if num_beams > 1:
+        raise ValueError("speculative decoding cannot be combined with beam search (num_beams > 1)")
+    if model.family != "decoder-only" or not use_cache:
+        raise ValueError("speculative decoding needs a DecoderLM and use_cache=True")
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative decoding takes one prompt at a time, got a batch of {input_ids.shape[0]}"
@@ -193,10 +204,7 @@ def decode(model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp,
                 f"speculative decoding forgets rejected drafts, which a {type(layer).__name__} "
                 f"({model.cfg.attention} attention) cannot"
             )
-    # a ring of w slots takes back at most w positions: k + 1 <= the narrowest window
-    longest = min(
-        [spec.draft_tokens] + [c.window - 1 for c in cache.self_attn if hasattr(c, "window")]
-    )
+    longest = longest_draft(cache, spec.draft_tokens)
     draft = None if spec.model is None else _DraftModel(spec.model, model, n + max_new_tokens)
     stats = spec.stats = SpeculativeStats()
     sequence, new = input_ids[0].tolist(), []
@@ -246,7 +254,7 @@ def decode(model, input_ids, attention_mask, spec, max_new_tokens, eos_id, warp,
         else:
             row = logits[len(drafts) :]
             done = emit(choose(row)[0], row)
-    return torch.tensor([new])
+    return torch.tensor([new], device=input_ids.device)
 
 
 def _verify(logits: Tensor, token: int, q: Tensor | None, warp, generator) -> tuple[bool, int]:

@@ -48,7 +48,7 @@ from attnkit.accel.onednn import (
 )
 from attnkit.accel.packed import PackedEmbedding, PackedLinear, use_integer_products
 from attnkit.accel.packed_step import PackedStack, packed_stack, packed_steps
-from attnkit.accel.prepare import Lever, Prepared, levers, prepare
+from attnkit.accel.prepare import Lever, Prepared, levers, prepare, ready_for_decoding
 from attnkit.accel.quantize import quantize
 from attnkit.accel.unpadded import unpad_stacks, unpadding
 
@@ -82,6 +82,7 @@ __all__ = [
     "packed_steps",
     "prepare",
     "quantize",
+    "ready_for_decoding",
     "release_file_pages",
     "return_freed_memory",
     "tiles_available",

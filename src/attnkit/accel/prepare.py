@@ -50,7 +50,7 @@ from attnkit.accel.switch import Switch, read_environment, switch
 from attnkit.accel.unpadded import unpad_stacks
 from attnkit.layers import LMHead, MoEFeedForward
 
-__all__ = ["JOBS", "Lever", "Prepared", "levers", "prepare"]
+__all__ = ["JOBS", "Lever", "Prepared", "levers", "prepare", "ready_for_decoding"]
 
 JOBS = ("training", "decoding")
 
@@ -213,3 +213,12 @@ def prepare(model: nn.Module, job: str, *, exact: bool = False, compile: bool = 
     model = use_onednn_products(model, on["onednn-fp32"])
     use_attention_kernel(model, on["attention-kernel"])
     return Prepared(model, job, found)
+
+
+def ready_for_decoding(model: nn.Module) -> nn.Module:
+    """``model`` prepared for decoding (:func:`prepare`) where it keeps packed weights, which are
+    never trained: what ``from_pretrained`` returns; ``prepare(model, "decoding", exact=True)``
+    then puts the products back on the float32 path. Any other model as it is."""
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        return prepare(model, "decoding").model
+    return model

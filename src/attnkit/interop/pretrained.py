@@ -155,13 +155,8 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
     - ``True``: every weight is float32, packed layers included (for training, or a GPU);
     - ``False``: blocks are kept: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (and Q5_0, as
       Q8_0) linear layers stay in them (:func:`attnkit.interop.gguf.load_gguf`), and a
-      quantized directory loads as saved: faster decoding, less memory, for inference only.
-
-    Other formats hold no blocks and load the same either way. A model that keeps blocks is
-    returned ready for decoding, as ``attnkit generate`` runs it: ``accel.prepare(model,
-    "decoding")`` ran on it (the integer path by its rule, a Llama-family stack in C);
-    ``accel.prepare(model, "decoding", exact=True)`` puts its products back on the float32
-    path."""
+      quantized directory loads as saved, ready for decoding as ``attnkit generate`` runs it
+      (``accel.ready_for_decoding``). Other formats hold no blocks: the same either way."""
     if dequantize not in (None, True, False):
         raise TypeError(f"dequantize must be None, True or False, got {dequantize!r}")
     if dequantize is not None:
@@ -170,26 +165,17 @@ def from_pretrained(path: str | os.PathLike[str], *, dequantize: bool | None = N
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     if dequantize is False and is_gguf_file(path):
-        return _ready_for_decoding(_lazy("gguf", "load_gguf")(path, dequantize=False))
-    model = _load_any(path)
-    if dequantize:
-        from attnkit.accel.quantize import dequantize_model
+        model = _lazy("gguf", "load_gguf")(path, dequantize=False)
+    else:
+        model = _load_any(path)
+        if dequantize:
+            from attnkit.accel.quantize import dequantize_model
 
-        if dequantize_model(model):  # how many packed layers became float32
-            model.eval()  # the new layers are built in training mode
-    return _ready_for_decoding(model)
+            if dequantize_model(model):  # how many packed layers became float32
+                model.eval()  # the new layers are built in training mode
+    from attnkit.accel.prepare import ready_for_decoding
 
-
-def _ready_for_decoding(model: nn.Module) -> nn.Module:
-    """A model with packed weights (which are never trained) readied for decoding, as
-    ``attnkit generate`` readies it; any other model as it is."""
-    from attnkit.accel.packed import PackedLinear
-
-    if not any(isinstance(m, PackedLinear) for m in model.modules()):
-        return model
-    from attnkit.accel import prepare
-
-    return prepare(model, "decoding").model
+    return ready_for_decoding(model)
 
 
 def _load_any(path: Path) -> nn.Module:

@@ -49,7 +49,7 @@ from attnkit.generation import eval_mode, lm_step, sample_next, steps_of
 from attnkit.serve.grammar import Grammars
 from attnkit.serve.jobs import Job, Request, Sink
 from attnkit.serve.prompt_cache import PromptCache
-from attnkit.speculative import Speculative, lookup_draft
+from attnkit.speculative import Speculative, longest_draft, lookup_draft
 from attnkit.stacks import DecoderCache
 
 # tokens that close a chat turn (Gemma, Llama 3, ChatML, Phi), where a vocabulary has them
@@ -285,8 +285,7 @@ class Engine:
         """One speculative step of the batch's only row: its last token and the drafts in one
         call, each position's token chosen as :meth:`_step` would, until one differs from its
         draft (the positions after it forgotten). False when there is no draft."""
-        limit = [c.window - 1 for c in self.cache.self_attn if hasattr(c, "window")]
-        k = min([self.speculative.draft_tokens, job.remaining - 1, *limit])
+        k = min(longest_draft(self.cache, self.speculative.draft_tokens), job.remaining - 1)
         sequence = torch.tensor(job.request.prompt_ids + job.generated)
         spec = self.speculative
         drafts = lookup_draft(sequence, spec.ngram, k, spec.min_ngram) if k > 0 else []
