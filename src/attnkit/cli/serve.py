@@ -26,8 +26,10 @@ def register(commands) -> None:
         help="serve a language model over OpenAI's chat API, with a live attention page",
         description=(
             "Serve a decoder-only language model over HTTP with OpenAI's API: POST "
-            "/v1/chat/completions (the model's own chat template), POST /v1/completions, GET "
-            "/v1/models, GET /health, and llama.cpp's POST /tokenize and /detokenize; or an "
+            "/v1/chat/completions (the model's own chat template), POST /v1/completions, POST "
+            "/v1/responses (the Responses API), GET /v1/models; Anthropic's POST /v1/messages "
+            "and /v1/messages/count_tokens; GET /health, GET /metrics (Prometheus), and "
+            "llama.cpp's POST /tokenize and /detokenize; or an "
             "encoder (e5, MiniLM) with POST /v1/embeddings. Requests that arrive together are "
             "decoded together, as rows of one batch that requests join and leave between "
             "steps. GET / is a page that streams a reply and shows, for any token of it, what "
@@ -84,7 +86,8 @@ def register(commands) -> None:
     serve.add_argument(
         "--api-key",
         metavar="KEY",
-        help="every request must send 'Authorization: Bearer KEY' (else 401); /health is open. "
+        help="every request must send 'Authorization: Bearer KEY' or 'x-api-key: KEY' (else "
+        "401); /health is open. "
         "Default: the ATTNKIT_API_KEY environment variable, else none",
     )
     serve.add_argument(

@@ -12,7 +12,11 @@ Routes:
 - ``POST /v1/completions``: the same for a ``prompt`` (a string, a list of strings, token ids,
   or a list of those), ``logprobs`` (an int) and ``echo`` (the prompt back, with its tokens'
   log-probabilities: what log-likelihood evaluations such as lm-eval read).
-- ``GET /v1/models``, ``GET /health``; llama.cpp's ``POST /tokenize`` and ``POST /detokenize``.
+- ``POST /v1/responses`` (OpenAI's Responses API, :mod:`attnkit.serve.responses_api`) and
+  ``POST /v1/messages`` (Anthropic's Messages API, :mod:`attnkit.serve.messages_api`): the same
+  chat pipeline (:mod:`attnkit.serve.core`) in those APIs' shapes.
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, :mod:`attnkit.serve.metrics`);
+  llama.cpp's ``POST /tokenize`` and ``POST /detokenize``.
 - ``GET /``: the live attention page; ``POST /attnkit/generate`` streams a reply with its
   attention recorded and ``GET /attnkit/attention/{id}/{t}`` returns what each layer and head
   attended to when token ``t`` of it was produced.
@@ -39,11 +43,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from attnkit.serve.chat import render_chat
+from attnkit.serve.core import Core, unless_client_leaves
 from attnkit.serve.engine import Engine
 from attnkit.serve.engine import Request as GenerationRequest
 from attnkit.serve.limits import guard
+from attnkit.serve.messages_api import add_messages_api
+from attnkit.serve.metrics import CONTENT_TYPE, Counted, Metrics
 from attnkit.serve.page import add_attention_page
 from attnkit.serve.responses import Answer, call_item, chat_choice, completion_choice, stream_item
+from attnkit.serve.responses_api import add_responses_api
 from attnkit.serve.schema import (
     ChatBody,
     CompletionBody,
@@ -55,7 +63,7 @@ from attnkit.serve.schema import (
     openai_errors,
     refuse_unsupported,
 )
-from attnkit.serve.tools import call_schema, chosen_tools, tools_message
+from attnkit.serve.tools import call_schema, chosen_tools, with_tools
 
 __all__ = ["create_app"]
 
@@ -107,6 +115,7 @@ def create_app(
 
     app = FastAPI(title="attnkit", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
+    metrics = Metrics(engine)
 
     http_error = openai_errors(app)
 
@@ -200,10 +209,11 @@ def create_app(
             return lambda e: loop.call_soon_threadsafe(inbox.put_nowait, (index, e))
 
         jobs = [engine.submit(r, sink(i)) for i, r in enumerate(requests)]
-        left = len(jobs)
+        left, clock = len(jobs), metrics.clock(len(jobs))
         try:
             while left:
                 index, event = await inbox.get()
+                metrics.see(clock, index, event)
                 yield index, event
                 left -= event["type"] != "token"
         finally:
@@ -232,6 +242,31 @@ def create_app(
             message = f"the request took longer than {timeout:g} s"
             raise error(504, message, code="timeout") from None
 
+    async def stream_events(requests: list[GenerationRequest]):
+        """(index, event) as the engine's events come, until every request is done; past
+        ``timeout`` one last (None, 504 error event) ends it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        source = events(requests)
+        try:
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    yield await asyncio.wait_for(anext(source), wait)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    message = f"the request took longer than {timeout:g} s"
+                    late = {"type": "error", "status": 504, "message": message}
+                    metrics.rejected.labels("504").inc()  # (a stream's status was 200)
+                    yield None, late
+                    return
+        finally:
+            await source.aclose()
+
+    async def answers(requests: list[GenerationRequest], http) -> list[Answer] | None:
+        """The whole answers (None when the client left first: the jobs were cancelled)."""
+        return await unless_client_leaves(within_time(whole(requests)), http)
+
     async def respond(
         body, requests, http, *, chat: bool, per_prompt: int = 1, echo=None, tools=False
     ):
@@ -246,12 +281,12 @@ def create_app(
             return completion_choice(index, answer, special, top, shown)
 
         if not body.stream:
-            answers = await _unless_client_leaves(within_time(whole(requests)), http)
-            if answers is None:  # nobody is left to answer; the jobs were cancelled
+            done = await answers(requests, http)
+            if done is None:  # nobody is left to answer; the jobs were cancelled
                 return Response(status_code=499)
             obj = "chat.completion" if chat else "text_completion"
-            choices = [choice(i, a) for i, a in enumerate(answers)]
-            return {**head, "object": obj, "choices": choices, "usage": usage(answers, per_prompt)}
+            choices = [choice(i, a) for i, a in enumerate(done)]
+            return {**head, "object": obj, "choices": choices, "usage": usage(done, per_prompt)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -269,50 +304,38 @@ def create_app(
             if chat:
                 for index in range(len(requests)):
                     yield chunk(index, None, first=True)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            source = events(requests)
-            try:
-                while True:
-                    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    try:
-                        index, event = await asyncio.wait_for(anext(source), wait)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        message = f"the request took longer than {timeout:g} s"
-                        yield f"data: {json.dumps(error_body(504, message, code='timeout'))}\n\n"
-                        break
-                    answers[index].add(event)
-                    if tools and event["type"] != "error":  # the call, whole, when it is done
-                        if event["type"] == "done":
-                            yield call_chunk(index, answers[index])
-                    elif event["type"] == "token" and (
-                        event["text"] or ("logprob" in event and not (chat and event.get("eos")))
-                    ):
-                        yield chunk(index, event)
-                    elif event["type"] == "done":
-                        yield chunk(index, None, event["finish_reason"])
-                    elif event["type"] == "error":
-                        yield f"data: {json.dumps(error_body(500, event['message']))}\n\n"
-            finally:
-                await source.aclose()
+            async for index, event in stream_events(requests):
+                if event["type"] == "error":
+                    status = event.get("status", 500)
+                    code = "timeout" if status == 504 else None
+                    yield _sse(error_body(status, event["message"], code=code))
+                    continue
+                answers[index].add(event)
+                if tools:  # the call, whole, when it is done
+                    if event["type"] == "done":
+                        yield call_chunk(index, answers[index])
+                elif event["type"] == "token" and (
+                    event["text"] or ("logprob" in event and not (chat and event.get("eos")))
+                ):
+                    yield chunk(index, event)
+                elif event["type"] == "done":
+                    yield chunk(index, None, event["finish_reason"])
             if include_usage and all(a.done for a in answers):
                 data = {**head, "object": obj, "choices": [], "usage": usage(answers, per_prompt)}
-                yield f"data: {json.dumps(data)}\n\n"
+                yield _sse(data)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    def render(messages: list[dict]) -> str:
+    def render(messages: list[dict], **variables) -> str:
         try:
-            return render_chat(template, messages, bos_token=bos, eos_token=eos)
+            return render_chat(template, messages, bos_token=bos, eos_token=eos, **variables)
         except ValueError as problem:
             raise error(400, str(problem), "messages") from None
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatBody, http: HTTPRequest):
-        check_model(body.model, name)
-        refuse_unsupported(body)
+    def chat_prompt(body: ChatBody) -> tuple[list[int], str | None, list | None]:
+        """The prompt's ids for a chat body, the grammar its answer is held to, and the tools
+        it may call (None: a text answer)."""
         if body.top_logprobs is not None and not body.logprobs:
             raise error(400, "top_logprobs needs logprobs: true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -320,18 +343,30 @@ def create_app(
         if tools and body.response_format and body.response_format.type != "text":
             raise error(400, "response_format cannot be used with tool calls", "response_format")
         if tools:  # the model is told about them; the answer is held to a call (or text)
-            messages = _with_system(messages, tools_message(tools))
+            messages = with_tools(messages, tools)
             rule = grammar(body, call_schema(tools), "tools", text_allowed=text_allowed)
         else:
             rule = grammar(body)
         prompt = render(messages)
         if not prompt.strip():
             raise error(400, "the prompt is empty", "messages")
+        return encode(prompt), rule, tools
+
+    def chat_requests(body: ChatBody) -> tuple[list[GenerationRequest], list | None]:
+        """The engine's requests for a chat body, checked and admitted, and its tools."""
+        ids, rule, tools = chat_prompt(body)
         limit = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         options = dict(logprobs=logprobs, grammar=rule)
-        requests = prepare(encode(prompt), body, limit, "messages", **options)
+        requests = prepare(ids, body, limit, "messages", **options)
         admit(len(requests))
+        return requests, tools
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatBody, http: HTTPRequest):
+        check_model(body.model, name)
+        refuse_unsupported(body)
+        requests, tools = chat_requests(body)
         return await respond(body, requests, http, chat=True, tools=bool(tools))
 
     def prompt_ids(body: CompletionBody) -> tuple[list[list[int]], list[str]]:
@@ -375,6 +410,10 @@ def create_app(
         if meta is not None:
             card["meta"] = meta
         return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health():
@@ -421,6 +460,9 @@ def create_app(
         return request
 
     add_attention_page(app, engine, special=special, render=render, request_for=page_request)
+    core = Core(name, engine, special, chat_prompt, chat_requests, answers, stream_events)
+    add_responses_api(app, core)
+    add_messages_api(app, core)
 
     @app.exception_handler(404)
     async def not_found(request, error):
@@ -428,29 +470,9 @@ def create_app(
             return await http_error(request, error)
         return JSONResponse(error_body(404, f"no route {request.url.path}"), status_code=404)
 
-    return guard(app, max_body=max_body, api_key=api_key, cors_origins=cors_origins)
-
-
-async def _unless_client_leaves(work, http: HTTPRequest):
-    """``await work``, unless the client closes its connection first: then ``work`` is
-    cancelled (which cancels its job and frees its row in the batch) and the result is None.
-    A streamed reply notices on its own (its generator is closed); a whole one would
-    otherwise decode to the end for nobody."""
-    task = asyncio.ensure_future(work)
-    leaving = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait({task, leaving}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when this handler is cancelled itself (the server stopping)
-        leaving.cancel()
-        task.cancel()  # a no-op once it is done
-    return task.result() if task.done() else None
-
-
-async def _disconnected(http: HTTPRequest) -> None:
-    """Return once the server reports the client gone. The body has been read by then, so the
-    next ASGI message is ``http.disconnect`` (sent when the connection closes)."""
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
+    guard(app, max_body=max_body, api_key=api_key, cors_origins=cors_origins)
+    app.add_middleware(Counted, metrics=metrics, routes={r.path for r in app.routes})
+    return app
 
 
 def _resident_mib() -> float | None:
@@ -467,15 +489,6 @@ def _resident_mib() -> float | None:
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def _with_system(messages: list[dict], text: str) -> list[dict]:
-    """``messages`` with ``text`` at the start of the system message (one is added if the
-    conversation has none)."""
-    if messages and messages[0]["role"] in ("system", "developer"):
-        first = {**messages[0], "content": text + "\n\n" + messages[0]["content"]}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
 
 
 def _takes_flag(tokenizer) -> bool:

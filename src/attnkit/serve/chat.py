@@ -117,7 +117,8 @@ class TextStream:
     """The text of a growing list of ids, released only when it is final.
 
     ``push(id)`` returns the new text that can be shown now; ``stopped`` turns True once the
-    text contains one of ``stops`` (the text is cut before it); ``text`` is all released text.
+    text contains one of ``stops`` (the text is cut before it, and ``found`` is that stop);
+    ``text`` is all released text.
     """
 
     def __init__(self, tokenizer, stops: list[str] | tuple[str, ...] = ()) -> None:
@@ -126,6 +127,7 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""
         self.stopped = False
+        self.found: str | None = None
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -133,7 +135,7 @@ class TextStream:
         for stop in self.stops:
             at = full.find(stop)
             if at >= 0:
-                full, self.stopped = full[:at], True
+                full, self.stopped, self.found = full[:at], True, stop
         if not self.stopped:
             if full.endswith("\ufffd"):
                 return ""  # half a UTF-8 character so far: wait for the rest

@@ -398,6 +398,7 @@ class Engine:
             "completion_tokens": len(job.generated) + ended_on_eos,  # EOS counts, as usual
             "text": job.text.text,
             "id": job.id,
+            "stop_sequence": job.text.found,
         }
         if job.prompt_scores is not None:
             done["prompt_logprobs"] = job.prompt_scores

@@ -5,8 +5,10 @@ Both are plain ASGI middleware, so that they answer before FastAPI reads the bod
 - :class:`BodyLimit` refuses a body over ``limit`` bytes with 413, however it is sent: with a
   ``Content-Length`` over the limit at once, and a chunked body (no length) once the chunks
   read so far pass it (the chunks are held until the body is whole, at most ``limit`` bytes).
-- :class:`ApiKey` answers 401 to a request without ``Authorization: Bearer <key>`` (every
-  route but ``/health`` and CORS preflights).
+- :class:`ApiKey` answers 401 to a request without ``Authorization: Bearer <key>`` or
+  Anthropic's ``x-api-key: <key>`` (every route but ``/health`` and CORS preflights).
+
+On Anthropic's routes (``/v1/messages``) their errors take Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from __future__ import annotations
 import hmac
 import json
 
-from attnkit.serve.schema import error_body
+from attnkit.serve.schema import error_body, in_shape
 
 __all__ = ["ApiKey", "BodyLimit", "guard"]
 
 
-async def _answer(send, status: int, body: dict, headers: list | None = None) -> None:
-    data = json.dumps(body).encode()
+async def _answer(scope, send, status: int, body: dict, headers: list | None = None) -> None:
+    data = json.dumps(in_shape(scope["path"], body, status)).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
     await send({"type": "http.response.body", "body": data})
@@ -39,7 +41,7 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.limit:
-                return await self._refuse(send)
+                return await self._refuse(scope, send)
             return await self.app(scope, receive, send)  # the server holds it to its length
         # No length (chunked): read the chunks up to the limit, then hand them on.
         messages, seen = [], 0
@@ -50,7 +52,7 @@ class BodyLimit:
                 break
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                return await self._refuse(send)
+                return await self._refuse(scope, send)
             if not message.get("more_body", False):
                 break
 
@@ -59,14 +61,14 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def _refuse(self, send):
+    async def _refuse(self, scope, send):
         message = f"the request body is larger than {self.limit} bytes"
-        await _answer(send, 413, error_body(413, message), [(b"connection", b"close")])
+        await _answer(scope, send, 413, error_body(413, message), [(b"connection", b"close")])
 
 
 class ApiKey:
-    """Answer 401 unless the request carries ``Authorization: Bearer <key>``; ``/health`` and
-    CORS preflights (``OPTIONS``) pass without it."""
+    """Answer 401 unless the request carries ``Authorization: Bearer <key>`` (or
+    ``x-api-key: <key>``); ``/health`` and CORS preflights (``OPTIONS``) pass without it."""
 
     def __init__(self, app, key: str) -> None:
         self.app, self.key = app, key.encode()
@@ -74,17 +76,22 @@ class ApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] == "/health":
             return await self.app(scope, receive, send)
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
             return await self.app(scope, receive, send)
+        if hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key):
+            return await self.app(scope, receive, send)
+        given = given or headers.get(b"x-api-key", b"")
         message = (
             "Incorrect API key provided"
             if given
-            else "No API key provided: send the header 'Authorization: Bearer <key>'"
+            else "No API key provided: send the header 'Authorization: Bearer <key>' (or "
+            "'x-api-key: <key>')"
         )
         body = error_body(401, message, code="invalid_api_key")
-        await _answer(send, 401, body, [(b"www-authenticate", b"Bearer")])
+        await _answer(scope, send, 401, body, [(b"www-authenticate", b"Bearer")])
 
 
 def guard(app, *, max_body: int, api_key: str | None = None, cors_origins=None):
@@ -101,6 +108,6 @@ def guard(app, *, max_body: int, api_key: str | None = None, cors_origins=None):
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["authorization", "content-type"],
+            allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
         )
     return app

@@ -22,9 +22,11 @@ __all__ = [
     "DetokenizeBody",
     "StrictBody",
     "TokenizeBody",
+    "anthropic_error",
     "check_model",
     "error",
     "error_body",
+    "in_shape",
     "openai_errors",
     "refuse_unsupported",
     "validation_message",
@@ -298,6 +300,31 @@ def error(
     return HTTPException(status, json.dumps(body), headers)
 
 
+# Anthropic's error types by status (its Messages API answers in its own shape)
+_ANTHROPIC = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(body: dict, status: int) -> dict:
+    """OpenAI's error object ``body`` in Anthropic's shape:
+    ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = _ANTHROPIC.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
+
+
+def in_shape(path: str, body: dict, status: int) -> dict:
+    """An error for a request to ``path``: Anthropic's shape on its routes, OpenAI's elsewhere."""
+    return anthropic_error(body, status) if path.startswith("/v1/messages") else body
+
+
 _MEMBERS = {"str", "int", "float", "bool", "function-after", "literal"}
 
 
@@ -338,7 +365,8 @@ def openai_errors(app):
     @app.exception_handler(RequestValidationError)
     async def invalid(request, problem: RequestValidationError):
         message, param = validation_message(problem)
-        return JSONResponse(error_body(400, message, param), status_code=400)
+        body = in_shape(request.url.path, error_body(400, message, param), 400)
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, problem: HTTPException):
@@ -346,6 +374,7 @@ def openai_errors(app):
             body = json.loads(problem.detail)
         except (TypeError, ValueError):
             body = error_body(problem.status_code, str(problem.detail))
+        body = in_shape(request.url.path, body, problem.status_code)
         return JSONResponse(body, status_code=problem.status_code, headers=problem.headers)
 
     return http_error

@@ -21,7 +21,7 @@ import time
 
 from attnkit.serve.schema import ChatBody, Tool, ToolChoice, error
 
-__all__ = ["call_schema", "chosen_tools", "tool_calls", "tools_message"]
+__all__ = ["call_schema", "chosen_tools", "tool_calls", "tools_message", "with_tools"]
 
 
 def chosen_tools(body: ChatBody) -> tuple[list[Tool] | None, bool]:
@@ -96,3 +96,13 @@ def tool_calls(text: str, index: int) -> list[dict] | None:
     arguments = json.dumps(call["arguments"], ensure_ascii=False)
     function = {"name": call["name"], "arguments": arguments}
     return [{"id": f"call_{time.time_ns():x}_{index}", "type": "function", "function": function}]
+
+
+def with_tools(messages: list[dict], tools: list[Tool]) -> list[dict]:
+    """``messages`` with :func:`tools_message` at the start of the system message (one is added
+    if the conversation has none)."""
+    text = tools_message(tools)
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = {**messages[0], "content": text + "\n\n" + messages[0]["content"]}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
