@@ -608,6 +608,7 @@ def test_the_auto_grammar_takes_a_whole_call_or_text_and_nothing_between():
     """tool_choice 'auto': the grammar accepts a complete call of an offered function, or text
     that does not start with '{'; a call cut short, a call of another function and text that
     starts like JSON are refused token by token."""
+    from attnkit.serve.formats import OWN
     from attnkit.serve.grammar import Grammars
     from attnkit.serve.schema import Tool
     from attnkit.serve.tools import call_schema
@@ -615,7 +616,8 @@ def test_the_auto_grammar_takes_a_whole_call_or_text_and_nothing_between():
     tokenizer = load_tokenizer_for("smollm2")
     eos = tokenizer.hf.token_to_id("<|im_end|>")
     grammars = Grammars(tokenizer, 49152, {eos})
-    rule = grammars.call_or_text(call_schema([Tool.model_validate(WEATHER)]))
+    answer = OWN.lark(call_schema([Tool.model_validate(WEATHER)]), text_allowed=True)
+    rule = grammars.lark("start: answer\n" + answer)
 
     def walk(text: str, end: bool):
         matcher = grammars.matcher(rule)

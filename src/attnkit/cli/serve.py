@@ -105,6 +105,13 @@ def register(commands) -> None:
         metavar="ORIGIN",
         help="a web origin whose pages may call the API (repeat for more; '*' for any)",
     )
+    serve.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template to use instead of the one the model ships (one that takes "
+        "tools gets them, and its calls are read back in its format; one that writes <think> "
+        "has its reasoning split off)",
+    )
     add_dequantize_option(serve)
     add_exact_option(serve)
     add_speculate_option(serve)
@@ -139,9 +146,13 @@ def run(args: argparse.Namespace) -> None:
             file=sys.stderr,
             flush=True,
         )
+    if args.chat_template is not None and not Path(args.chat_template).is_file():
+        raise UsageError(f"--chat-template: no file {args.chat_template!r}")
     model, tokenizer, template, levers = load_chat_model(
         args.model, args.dequantize, args.device, encoders=True, exact=args.exact
     )
+    if args.chat_template is not None:
+        template = Path(args.chat_template).read_text(encoding="utf-8")
     name = args.name or Path(args.model).stem
     if model.family == "encoder-only":
         return serve_embeddings(args, model, tokenizer, name, api_key)

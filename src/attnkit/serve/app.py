@@ -39,18 +39,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from attnkit.serve.chat import render_chat
 from attnkit.serve.core import Core, unless_client_leaves
 from attnkit.serve.engine import Engine
 from attnkit.serve.engine import Request as GenerationRequest
+from attnkit.serve.formats import OWN, Reading, takes_tools, thinking_for, tool_format
+from attnkit.serve.grammar import COMPACT
 from attnkit.serve.limits import guard
 from attnkit.serve.messages_api import add_messages_api
 from attnkit.serve.metrics import CONTENT_TYPE, Counted, Metrics
 from attnkit.serve.page import add_attention_page
-from attnkit.serve.responses import Answer, call_item, chat_choice, completion_choice, stream_item
+from attnkit.serve.responses import Answer, respond
 from attnkit.serve.responses_api import add_responses_api
 from attnkit.serve.schema import (
     ChatBody,
@@ -164,22 +166,25 @@ def create_app(
             requests.append(request)
         return requests
 
-    def grammar(
-        body, schema: dict | None = None, param: str = "response_format", text_allowed=False
-    ) -> str | None:
-        """The grammar of ``schema`` (by default ``response_format``'s; None: free text),
-        compiled and checked; with ``text_allowed``, of that or of text (tool_choice auto)."""
-        if schema is None and body.response_format is not None:
+    def grammar(body, answer=None, param="response_format", thinking=None) -> str | None:
+        """The grammar an answer is held to, compiled and checked: the Lark rule ``answer``
+        (the tools' calls) or ``response_format``'s schema, after the reasoning when the model
+        reasons (None: free text)."""
+        schema = None
+        if answer is None and body.response_format is not None:
             schema = body.response_format.schema()
-        if schema is None:
+        if answer is None and schema is None:
             return None
         why = engine.grammars.available()
         if why is not None:
             raise error(400, f"{param}: {why}", param)
         try:
-            if text_allowed:
-                return engine.grammars.call_or_text(schema)
-            return engine.grammars.json_schema(schema)
+            if answer is None and thinking is None:
+                return engine.grammars.json_schema(schema)
+            if answer is None:
+                answer = f"answer: %json {json.dumps({**schema, 'x-guidance': COMPACT})}"
+            rule = thinking.lark(answer) if thinking else "start: answer\n" + answer
+            return engine.grammars.lark(rule, "the tools" if schema is None else "the JSON schema")
         except ValueError as problem:
             raise error(400, f"{param}: {problem}", param) from None
 
@@ -219,11 +224,6 @@ def create_app(
         finally:
             for job in jobs:
                 job.cancel()  # a no-op once the request is done; frees the row otherwise
-
-    def usage(answers: list[Answer], per_prompt: int) -> dict:
-        p = sum(a.done["prompt_tokens"] for a in answers[::per_prompt])
-        c = sum(a.done["completion_tokens"] for a in answers)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     async def whole(requests: list[GenerationRequest]) -> list[Answer]:
         answers = [Answer() for _ in requests]
@@ -267,107 +267,60 @@ def create_app(
         """The whole answers (None when the client left first: the jobs were cancelled)."""
         return await unless_client_leaves(within_time(whole(requests)), http)
 
-    async def respond(
-        body, requests, http, *, chat: bool, per_prompt: int = 1, echo=None, tools=False
-    ):
-        rid = ("chatcmpl-" if chat else "cmpl-") + f"{time.time_ns():x}"
-        head = {"id": rid, "created": int(time.time()), "model": name}
-        top = None if chat else body.logprobs
-
-        def choice(index: int, answer: Answer) -> dict:
-            if chat:
-                return chat_choice(index, answer, special, body.logprobs, tools)
-            shown = None if echo is None else echo[index // per_prompt]
-            return completion_choice(index, answer, special, top, shown)
-
-        if not body.stream:
-            done = await answers(requests, http)
-            if done is None:  # nobody is left to answer; the jobs were cancelled
-                return Response(status_code=499)
-            obj = "chat.completion" if chat else "text_completion"
-            choices = [choice(i, a) for i, a in enumerate(done)]
-            return {**head, "object": obj, "choices": choices, "usage": usage(done, per_prompt)}
-
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(index: int, event: dict | None, finish: str | None = None, first=False) -> str:
-            item = stream_item(index, event, special, chat=chat, first=first)
-            return _sse({**head, "object": obj, "choices": [{**item, "finish_reason": finish}]})
-
-        def call_chunk(index: int, answer: Answer) -> str:
-            item, finish = call_item(index, answer, special)
-            return _sse({**head, "object": obj, "choices": [{**item, "finish_reason": finish}]})
-
-        async def stream():
-            answers = [Answer() for _ in requests]
-            if chat:
-                for index in range(len(requests)):
-                    yield chunk(index, None, first=True)
-            async for index, event in stream_events(requests):
-                if event["type"] == "error":
-                    status = event.get("status", 500)
-                    code = "timeout" if status == 504 else None
-                    yield _sse(error_body(status, event["message"], code=code))
-                    continue
-                answers[index].add(event)
-                if tools:  # the call, whole, when it is done
-                    if event["type"] == "done":
-                        yield call_chunk(index, answers[index])
-                elif event["type"] == "token" and (
-                    event["text"] or ("logprob" in event and not (chat and event.get("eos")))
-                ):
-                    yield chunk(index, event)
-                elif event["type"] == "done":
-                    yield chunk(index, None, event["finish_reason"])
-            if include_usage and all(a.done for a in answers):
-                data = {**head, "object": obj, "choices": [], "usage": usage(answers, per_prompt)}
-                yield _sse(data)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
     def render(messages: list[dict], **variables) -> str:
         try:
             return render_chat(template, messages, bos_token=bos, eos_token=eos, **variables)
         except ValueError as problem:
             raise error(400, str(problem), "messages") from None
 
-    def chat_prompt(body: ChatBody) -> tuple[list[int], str | None, list | None]:
-        """The prompt's ids for a chat body, the grammar its answer is held to, and the tools
-        it may call (None: a text answer)."""
+    def chat_prompt(body: ChatBody) -> tuple[list[int], str | None, Reading]:
+        """The prompt's ids for a chat body, the grammar its answer is held to, and how the
+        answer is read back (its calls' format, its reasoning)."""
         if body.top_logprobs is not None and not body.logprobs:
             raise error(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         tools, text_allowed = chosen_tools(body)
         if tools and body.response_format and body.response_format.type != "text":
             raise error(400, "response_format cannot be used with tool calls", "response_format")
-        if tools:  # the model is told about them; the answer is held to a call (or text)
-            messages = with_tools(messages, tools)
-            rule = grammar(body, call_schema(tools), "tools", text_allowed=text_allowed)
-        else:
-            rule = grammar(body)
-        prompt = render(messages)
+        if takes_tools(template):  # the template lays tools and calls out in its own words
+            messages = [m.for_template() for m in body.messages]
+            offered = body.tools or []  # (with tool_choice "none" too: told, but not called)
+            listed = (
+                {"tools": [t.model_dump(exclude_none=True) for t in offered]} if offered else {}
+            )
+            prompt, form = render(messages, **listed), tool_format(template)
+        else:  # attnkit's system message tells the model of the tools
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            prompt, form = render(with_tools(messages, tools) if tools else messages), OWN
         if not prompt.strip():
             raise error(400, "the prompt is empty", "messages")
-        return encode(prompt), rule, tools
+        thinking = thinking_for(template, prompt)
+        if tools:  # the answer is held to calls in the format (or text)
+            several = body.parallel_tool_calls is not False
+            answer = form.lark(call_schema(tools, form.arguments), text_allowed, several)
+            rule = grammar(body, answer, "tools", thinking)
+        else:
+            rule = grammar(body, thinking=thinking)
+        return encode(prompt), rule, Reading(form if tools else None, thinking)
 
-    def chat_requests(body: ChatBody) -> tuple[list[GenerationRequest], list | None]:
-        """The engine's requests for a chat body, checked and admitted, and its tools."""
-        ids, rule, tools = chat_prompt(body)
+    def chat_requests(body: ChatBody) -> tuple[list[GenerationRequest], Reading]:
+        """The engine's requests for a chat body, checked and admitted, and how their answers
+        are read."""
+        ids, rule, reading = chat_prompt(body)
         limit = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         options = dict(logprobs=logprobs, grammar=rule)
         requests = prepare(ids, body, limit, "messages", **options)
         admit(len(requests))
-        return requests, tools
+        return requests, reading
+
+    core = Core(name, engine, special, chat_prompt, chat_requests, answers, stream_events)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, http: HTTPRequest):
         check_model(body.model, name)
         refuse_unsupported(body)
-        requests, tools = chat_requests(body)
-        return await respond(body, requests, http, chat=True, tools=bool(tools))
+        requests, reading = chat_requests(body)
+        return await respond(core, body, requests, http, chat=True, reading=reading)
 
     def prompt_ids(body: CompletionBody) -> tuple[list[list[int]], list[str]]:
         """The prompts as ids and as text: a string, strings, token ids, or lists of ids."""
@@ -402,7 +355,7 @@ def create_app(
         requests = [r for p in ids for r in prepare(p, body, body.max_tokens, "prompt", **options)]
         admit(len(requests))
         echo = texts if body.echo else None
-        return await respond(body, requests, http, chat=False, per_prompt=body.n, echo=echo)
+        return await respond(core, body, requests, http, chat=False, per_prompt=body.n, echo=echo)
 
     @app.get("/v1/models")
     async def models():
@@ -460,7 +413,6 @@ def create_app(
         return request
 
     add_attention_page(app, engine, special=special, render=render, request_for=page_request)
-    core = Core(name, engine, special, chat_prompt, chat_requests, answers, stream_events)
     add_responses_api(app, core)
     add_messages_api(app, core)
 
@@ -485,10 +437,6 @@ def _resident_mib() -> float | None:
     except OSError:
         pass
     return None
-
-
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _takes_flag(tokenizer) -> bool:

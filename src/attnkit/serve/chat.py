@@ -78,6 +78,12 @@ def chat_template_for(path: str | os.PathLike[str]) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
 def _raise(message: str):
     raise ValueError(f"the chat template refused the conversation: {message}")
 
@@ -93,12 +99,16 @@ def render_chat(
 ) -> str:
     """The prompt text for ``messages`` ([{"role": ..., "content": ...}, ...]) under
     ``template`` (:data:`PLAIN_TEMPLATE` when None). ``variables`` go to the template as
-    ``transformers``' ``apply_chat_template`` passes them (Qwen3's ``enable_thinking=False``).
+    ``transformers``' ``apply_chat_template`` passes them (``tools``, Qwen3's
+    ``enable_thinking=False``), and it is rendered as there (the same ``tojson``).
     A template error is a ValueError."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson  # transformers' (jinja's own escapes HTML, sorts keys)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:

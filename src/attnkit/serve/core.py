@@ -14,26 +14,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from attnkit.serve.engine import Engine
+from attnkit.serve.formats import Reading
 from attnkit.serve.jobs import Request
 from attnkit.serve.responses import Answer
 from attnkit.serve.schema import ChatBody
 
-__all__ = ["Core", "disconnected", "unless_client_leaves"]
+__all__ = ["Core", "disconnected", "pieces", "unless_client_leaves"]
 
 
 @dataclass(frozen=True)
 class Core:
     """The served model's name, its engine, a token's text (``special``) and the chat
-    pipeline: ``chat_prompt(body)`` gives (prompt ids, grammar, tools), ``chat_requests(body)``
-    the engine's checked and admitted requests and the tools, ``answers(requests, http)`` the
-    whole answers (None when the client left), ``stream(requests)`` (index, event) as they
-    come (a last (None, error event) past the timeout)."""
+    pipeline: ``chat_prompt(body)`` gives (prompt ids, grammar, how the answer is read),
+    ``chat_requests(body)`` the engine's checked and admitted requests and how they are read,
+    ``answers(requests, http)`` the whole answers (None when the client left),
+    ``stream(requests)`` (index, event) as they come (a last (None, error event) past the
+    timeout)."""
 
     name: str
     engine: Engine
     special: Callable[[int], str]
-    chat_prompt: Callable[[ChatBody], tuple[list[int], str | None, list | None]]
-    chat_requests: Callable[[ChatBody], tuple[list[Request], list | None]]
+    chat_prompt: Callable[[ChatBody], tuple[list[int], str | None, Reading]]
+    chat_requests: Callable[[ChatBody], tuple[list[Request], Reading]]
     answers: Callable[[list[Request], object], Awaitable[list[Answer] | None]]
     stream: Callable[[list[Request]], AsyncIterator[tuple[int | None, dict]]]
 
@@ -58,3 +60,23 @@ async def disconnected(http) -> None:
     next ASGI message is ``http.disconnect`` (sent when the connection closes)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+async def pieces(core: Core, request: Request, reading: Reading):
+    """One request's answer as it comes, told apart: ("reasoning", text) and ("content", text)
+    pieces (none of the content when the answer may be calls: those come whole at the end),
+    then ("done", the :class:`Answer`), or ("error", the engine's error event)."""
+    answer = Answer()
+    split = reading.thinking.stream() if reading.thinking else None
+    async for _, event in core.stream([request]):
+        if event["type"] == "error":
+            yield "error", event
+            return
+        answer.add(event)
+        final = event["type"] == "done"
+        text = event.get("text", "") if event["type"] == "token" else ""
+        found = split.push(text, final=final) if split else [("content", text)]
+        for kind, piece in found:
+            if piece and not (kind == "content" and reading.calls):
+                yield kind, piece
+    yield "done", answer

@@ -19,7 +19,11 @@ import json
 
 from torch import Tensor
 
-__all__ = ["Grammars", "Matcher"]
+__all__ = ["COMPACT", "Grammars", "Matcher"]
+
+# compact JSON (one space after ':' and ','): with free whitespace a small model can spend its
+# tokens on newlines and indentation and never close the value
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class Matcher:
@@ -80,15 +84,8 @@ class Grammars:
         import llguidance
 
         try:
-            # compact JSON (one space after ':' and ','): with free whitespace a small model
-            # can spend its tokens on newlines and indentation and never close the value
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema),
-                defaults={
-                    "whitespace_flexible": False,
-                    "item_separator": ", ",
-                    "key_separator": ": ",
-                },
+                json.dumps(schema), defaults=COMPACT
             )
         except (ValueError, TypeError) as problem:
             raise ValueError(f"the JSON schema cannot be used: {problem}") from None
@@ -98,19 +95,19 @@ class Grammars:
             raise ValueError(f"the JSON schema cannot be used: {first}")
         return grammar
 
-    def call_or_text(self, schema: dict) -> str:
-        """The grammar of a JSON value ``schema`` accepts, or of text that does not start with
-        ``{`` or a space: the model chooses at its first token (tool_choice "auto")."""
+    def lark(self, grammar: str, what: str = "the grammar") -> str:
+        """A grammar in llguidance's Lark dialect, checked; ValueError (one line, naming
+        ``what``) when it cannot be used."""
         import llguidance
 
-        compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-        call = json.dumps({**schema, "x-guidance": compact})
-        lark = f"start: call | text\ncall: %json {call}\ntext: /[^{{\\s](.|\\n)*/\n"
-        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-        message = llguidance.LLMatcher.validate_grammar(grammar, self._lltokenizer())
+        try:
+            compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+        except (ValueError, TypeError) as problem:
+            raise ValueError(f"{what} cannot be used: {problem}") from None
+        message = llguidance.LLMatcher.validate_grammar(compiled, self._lltokenizer())
         if message and not message.startswith("WARNING"):
-            raise ValueError(f"the tools cannot be used: {message.strip().splitlines()[0]}")
-        return grammar
+            raise ValueError(f"{what} cannot be used: {message.strip().splitlines()[0]}")
+        return compiled
 
     def matcher(self, grammar: str) -> Matcher:
         import llguidance

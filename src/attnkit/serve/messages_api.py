@@ -24,9 +24,17 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field, ValidationError
 
-from attnkit.serve.core import Core
+from attnkit.serve.core import Core, pieces
+from attnkit.serve.formats import Reading
 from attnkit.serve.responses import Answer, chat_choice
-from attnkit.serve.schema import ChatBody, StrictBody, check_model, error, validation_message
+from attnkit.serve.schema import (
+    ChatBody,
+    StrictBody,
+    check_model,
+    error,
+    refuse_unsupported,
+    validation_message,
+)
 
 __all__ = ["CountBody", "MessagesBody", "add_messages_api"]
 
@@ -208,9 +216,7 @@ def _chat_body(body: CountBody) -> ChatBody:
             "json_schema": {"name": "answer", "schema": schema},
         }
     if isinstance(body, MessagesBody):
-        for field, why in _REFUSED.items():
-            if getattr(body, field) is not None:
-                raise error(400, f"{field} is not supported by attnkit serve: {why}", field)
+        refuse_unsupported(body, _REFUSED)
         if len(body.stop_sequences or []) > 4:
             raise error(400, "stop_sequences: at most 4 strings", "stop_sequences")
         fields.update(
@@ -226,10 +232,15 @@ def _chat_body(body: CountBody) -> ChatBody:
         raise error(400, message, param) from None
 
 
-def _content(core: Core, answer: Answer, tools) -> tuple[list[dict], str, str | None]:
-    """The content blocks, the stop reason and the stop sequence of an answer."""
-    choice = chat_choice(0, answer, core.special, False, bool(tools))
+def _content(core: Core, answer: Answer, reading: Reading) -> tuple[list[dict], str, str | None]:
+    """The content blocks (thinking, text, tool uses), the stop reason and the stop sequence of
+    an answer."""
+    choice = chat_choice(0, answer, core.special, False, reading)
     message, blocks = choice["message"], []
+    if message.get("reasoning_content"):
+        blocks.append(
+            {"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}
+        )
     if message["content"]:
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -258,7 +269,7 @@ def add_messages_api(app: FastAPI, core: Core) -> None:
     @app.post("/v1/messages")
     async def messages(body: MessagesBody, http: HTTPRequest):
         check_model(body.model, core.name)
-        (request,), tools = core.chat_requests(_chat_body(body))
+        (request,), reading = core.chat_requests(_chat_body(body))
         head = {
             "id": f"msg_{time.time_ns():x}",
             "type": "message",
@@ -272,7 +283,7 @@ def add_messages_api(app: FastAPI, core: Core) -> None:
             answers = await core.answers([request], http)
             if answers is None:
                 return Response(status_code=499)
-            blocks, reason, stop = _content(core, answers[0], tools)
+            blocks, reason, stop = _content(core, answers[0], reading)
             done = answers[0].done
             usage = {
                 "input_tokens": done["prompt_tokens"],
@@ -287,7 +298,7 @@ def add_messages_api(app: FastAPI, core: Core) -> None:
             }
         start = {**head, "usage": {"input_tokens": len(request.prompt_ids), "output_tokens": 0}}
         return StreamingResponse(
-            _stream(core, request, tools, start), media_type="text/event-stream"
+            _stream(core, request, reading, start), media_type="text/event-stream"
         )
 
 
@@ -295,41 +306,46 @@ def _event(kind: str, **data) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
 
-async def _stream(core: Core, request, tools, start: dict):
-    """The events of one message: its start, each content block (text token by token; a
-    tool call whole once it is complete), the stop reason with the usage, the end."""
+_DELTAS = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}
+
+
+async def _stream(core: Core, request, reading: Reading, start: dict):
+    """The events of one message: its start, each content block in order (thinking and text
+    token by token as they come; tool uses, and text that may have been one, whole once
+    complete), the stop reason with the usage, the end."""
+
+    def delta(index: int, kind: str, text: str) -> str:
+        name, key = _DELTAS[kind]
+        return _event("content_block_delta", index=index, delta={"type": name, key: text})
+
+    def opening(index: int, kind: str) -> str:
+        block = {"type": kind, kind: ""}
+        if kind == "thinking":
+            block["signature"] = ""
+        return _event("content_block_start", index=index, content_block=block)
+
     yield _event("message_start", message=start)
-    answer, opened = Answer(), False
-    async for _, e in core.stream([request]):
-        if e["type"] == "error":
-            kind = "timeout_error" if e.get("status") == 504 else "api_error"
-            yield _event("error", error={"type": kind, "message": e["message"]})
+    streamed: list[str] = []  # the kinds of the blocks opened so far
+    async for kind, piece in pieces(core, request, reading):
+        if kind == "error":
+            name = "timeout_error" if piece.get("status") == 504 else "api_error"
+            yield _event("error", error={"type": name, "message": piece["message"]})
             return
-        answer.add(e)
-        if e["type"] == "token" and e["text"] and not tools:
-            if not opened:
-                opened = True
-                yield _event(
-                    "content_block_start", index=0, content_block={"type": "text", "text": ""}
-                )
-            yield _event(
-                "content_block_delta", index=0, delta={"type": "text_delta", "text": e["text"]}
-            )
-    blocks, reason, stop = _content(core, answer, tools)
-    if opened:
-        yield _event("content_block_stop", index=0)
-        blocks = [b for b in blocks if b["type"] != "text"]
-    for index, block in enumerate(blocks, start=int(opened)):
-        if block["type"] == "text":
-            yield _event(
-                "content_block_start", index=index, content_block={"type": "text", "text": ""}
-            )
-            yield _event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "text_delta", "text": block["text"]},
-            )
-        else:
+        if kind == "done":
+            answer = piece
+            break
+        kind = "thinking" if kind == "reasoning" else "text"
+        if not streamed or streamed[-1] != kind:
+            if streamed:
+                yield _event("content_block_stop", index=len(streamed) - 1)
+            streamed.append(kind)
+            yield opening(len(streamed) - 1, kind)
+        yield delta(len(streamed) - 1, kind, piece)
+    if streamed:
+        yield _event("content_block_stop", index=len(streamed) - 1)
+    blocks, reason, stop = _content(core, answer, reading)
+    for index, block in enumerate(blocks[len(streamed) :], start=len(streamed)):
+        if block["type"] == "tool_use":
             yield _event("content_block_start", index=index, content_block={**block, "input": {}})
             partial = json.dumps(block["input"], ensure_ascii=False)
             yield _event(
@@ -337,6 +353,9 @@ async def _stream(core: Core, request, tools, start: dict):
                 index=index,
                 delta={"type": "input_json_delta", "partial_json": partial},
             )
+        else:
+            yield opening(index, block["type"])
+            yield delta(index, block["type"], block[block["type"]])
         yield _event("content_block_stop", index=index)
     usage = {"output_tokens": answer.done["completion_tokens"]}
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": stop}, usage=usage)

@@ -9,22 +9,35 @@ completions' ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from attnkit.serve.tools import tool_calls
+from fastapi.responses import Response, StreamingResponse
+
+from attnkit.serve.formats import Reading
+from attnkit.serve.schema import error_body
+
+if TYPE_CHECKING:
+    from attnkit.serve.core import Core
 
 __all__ = [
+    "PLAIN",
     "Answer",
-    "call_item",
     "chat_choice",
     "chat_logprobs",
     "completion_choice",
     "completion_logprobs",
+    "respond",
+    "sse",
     "stream_item",
+    "usage",
 ]
 
 Piece = Callable[[int], str]  # a token id's text
+PLAIN = Reading()  # a text answer of a model that does not reason
 
 
 @dataclass
@@ -76,16 +89,12 @@ def completion_logprobs(piece: Piece, tokens: list, offset: int = 0) -> dict:
 
 
 def chat_choice(
-    index: int, answer: Answer, piece: Piece, logprobs: bool, tools: bool = False
+    index: int, answer: Answer, piece: Piece, logprobs: bool, reading: Reading = PLAIN
 ) -> dict:
-    """A chat choice; with ``tools``, a complete answer is a tool call (``tool_calls``,
-    ``content`` null, finish reason ``tool_calls``)."""
-    message = {"role": "assistant", "content": answer.done["text"], "refusal": None}
-    finish = answer.done["finish_reason"]
-    calls = tool_calls(answer.done["text"], index) if tools and finish == "stop" else None
-    if calls:
-        message.update(content=None, tool_calls=calls)
-        finish = "tool_calls"
+    """A chat choice, read as ``reading`` says: reasoning apart (``reasoning_content``), and a
+    complete answer of calls as ``tool_calls`` (``content`` null, finish reason
+    ``tool_calls``)."""
+    message, finish = reading.message(answer.done["text"], answer.done["finish_reason"], index)
     return {
         "index": index,
         "message": message,
@@ -128,11 +137,103 @@ def stream_item(index: int, event: dict | None, piece: Piece, *, chat: bool, fir
     return {"index": index, "delta": delta, "logprobs": scores}
 
 
-def call_item(index: int, answer: Answer, piece: Piece) -> tuple[dict, str]:
-    """A tool-call answer as one stream chunk's choice (the call whole), and its finish
-    reason."""
-    whole = chat_choice(index, answer, piece, False, tools=True)
-    delta = {k: v for k, v in whole["message"].items() if k in ("content", "tool_calls")}
-    for i, call in enumerate(delta.get("tool_calls") or []):
-        call["index"] = i
-    return {"index": index, "delta": delta, "logprobs": None}, whole["finish_reason"]
+def usage(answers: list[Answer], per_prompt: int = 1) -> dict:
+    """OpenAI's ``usage``: a prompt counted once for its ``per_prompt`` choices."""
+    p = sum(a.done["prompt_tokens"] for a in answers[::per_prompt])
+    c = sum(a.done["completion_tokens"] for a in answers)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+async def respond(
+    core: Core,
+    body,
+    requests,
+    http,
+    *,
+    chat: bool,
+    per_prompt: int = 1,
+    echo=None,
+    reading: Reading = PLAIN,
+):
+    """A chat completion (``chat``) or a completion for ``requests``: whole, or streamed as
+    OpenAI's chunks (reasoning as ``reasoning_content`` deltas; calls whole once complete)."""
+    rid = ("chatcmpl-" if chat else "cmpl-") + f"{time.time_ns():x}"
+    head = {"id": rid, "created": int(time.time()), "model": core.name}
+    top, piece = (None if chat else body.logprobs), core.special
+
+    def choice(index: int, answer: Answer) -> dict:
+        if chat:
+            return chat_choice(index, answer, piece, body.logprobs, reading)
+        shown = None if echo is None else echo[index // per_prompt]
+        return completion_choice(index, answer, piece, top, shown)
+
+    if not body.stream:
+        done = await core.answers(requests, http)
+        if done is None:  # nobody is left to answer; the jobs were cancelled
+            return Response(status_code=499)
+        obj = "chat.completion" if chat else "text_completion"
+        choices = [choice(i, a) for i, a in enumerate(done)]
+        return {**head, "object": obj, "choices": choices, "usage": usage(done, per_prompt)}
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(item: dict, finish: str | None = None) -> str:
+        return sse({**head, "object": obj, "choices": [{**item, "finish_reason": finish}]})
+
+    async def stream():
+        answers = [Answer() for _ in requests]
+        splits = [
+            reading.thinking.stream() if chat and reading.thinking else None for _ in requests
+        ]
+        if chat:
+            for index in range(len(requests)):
+                yield chunk(stream_item(index, None, piece, chat=True, first=True))
+        async for index, event in core.stream(requests):
+            if event["type"] == "error":
+                status = event.get("status", 500)
+                code = "timeout" if status == 504 else None
+                yield sse(error_body(status, event["message"], code=code))
+                continue
+            answer, split = answers[index], splits[index]
+            answer.add(event)
+            final = event["type"] == "done"
+            if split is not None and (event["type"] == "token" or final):
+                item = stream_item(index, event if not final else None, piece, chat=True)
+                said = "" if final else event["text"]
+                for kind, text in split.push(said, final=final) or [("", "")]:
+                    key = {"reasoning": "reasoning_content", "content": "content"}.get(kind)
+                    delta = {key: text} if key and not (key == "content" and reading.calls) else {}
+                    if delta or item["logprobs"]:  # a token's logprobs go with its first piece
+                        yield chunk({**item, "delta": delta})
+                    item["logprobs"] = None
+            elif (
+                reading.calls is None
+                and event["type"] == "token"
+                and (event["text"] or ("logprob" in event and not (chat and event.get("eos"))))
+            ):
+                yield chunk(stream_item(index, event, piece, chat=chat))
+            if not final:
+                continue
+            if reading.calls:  # the calls (or the text), whole, now that they are complete
+                whole = chat_choice(index, answer, piece, False, reading)
+                delta = {
+                    k: v for k, v in whole["message"].items() if k in ("content", "tool_calls")
+                }
+                for i, call in enumerate(delta.get("tool_calls") or []):
+                    call["index"] = i
+                yield chunk(
+                    {"index": index, "delta": delta, "logprobs": None}, whole["finish_reason"]
+                )
+            else:
+                yield chunk(stream_item(index, None, piece, chat=chat), event["finish_reason"])
+        if include_usage and all(a.done for a in answers):
+            yield sse({**head, "object": obj, "choices": [], "usage": usage(answers, per_prompt)})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def sse(data: dict) -> str:
+    """One server-sent event of JSON data."""
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

@@ -26,9 +26,17 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field, ValidationError
 
-from attnkit.serve.core import Core
+from attnkit.serve.core import Core, pieces
+from attnkit.serve.formats import Reading
 from attnkit.serve.responses import Answer, chat_choice
-from attnkit.serve.schema import ChatBody, StrictBody, check_model, error, validation_message
+from attnkit.serve.schema import (
+    ChatBody,
+    StrictBody,
+    check_model,
+    error,
+    refuse_unsupported,
+    validation_message,
+)
 
 __all__ = ["KEPT", "ResponsesBody", "add_responses_api"]
 
@@ -199,9 +207,7 @@ def add_responses_api(app: FastAPI, core: Core) -> None:
 
     def chat_body(body: ResponsesBody) -> tuple[ChatBody, list[dict]]:
         """The chat body for a request, and its conversation (without the instructions)."""
-        for field, why in _REFUSED.items():
-            if getattr(body, field) not in (None, False):
-                raise error(400, f"{field} is not supported by attnkit serve: {why}", field)
+        refuse_unsupported(body, _REFUSED)
         history, known = [], set()
         if body.previous_response_id is not None:
             if body.previous_response_id not in kept:
@@ -266,34 +272,28 @@ def add_responses_api(app: FastAPI, core: Core) -> None:
             "metadata": body.metadata or {},
         }
 
-    def finished(response: dict, answer: Answer, tools) -> tuple[dict, list[dict]]:
-        """``response`` completed by ``answer``: its output items, status and usage; and the
-        assistant's messages for the conversation kept."""
-        choice = chat_choice(0, answer, core.special, False, bool(tools))
+    def finished(response: dict, answer: Answer, reading: Reading) -> tuple[dict, list[dict]]:
+        """``response`` completed by ``answer``: its output items (reasoning, calls, message),
+        status and usage; and the assistant's messages for the conversation kept."""
+        choice = chat_choice(0, answer, core.special, False, reading)
         message, stamp = choice["message"], f"{time.time_ns():x}"
         output = []
+        if message.get("reasoning_content") is not None:
+            output.append(_reasoning_item(f"rs_{stamp}", message["reasoning_content"]))
         for i, call in enumerate(message.get("tool_calls") or []):
+            function = call["function"]
             output.append(
                 {
                     "type": "function_call",
                     "id": f"fc_{stamp}_{i}",
                     "status": "completed",
                     "call_id": call["id"],
-                    "name": call["function"]["name"],
-                    "arguments": call["function"]["arguments"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
                 }
             )
-        if message["content"] is not None:
-            part = {"type": "output_text", "text": message["content"], "annotations": []}
-            output.append(
-                {
-                    "type": "message",
-                    "id": f"msg_{stamp}",
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [part],
-                }
-            )
+        if message["content"] or (message["content"] is not None and not output):
+            output.append(_message_item(f"msg_{stamp}", message["content"]))
         done = answer.done
         cut = done["finish_reason"] == "length"
         response.update(
@@ -321,26 +321,24 @@ def add_responses_api(app: FastAPI, core: Core) -> None:
     async def responses(body: ResponsesBody, http: HTTPRequest):
         check_model(body.model, core.name)
         chat, conversation = chat_body(body)
-        (request,), tools = core.chat_requests(chat)
+        (request,), reading = core.chat_requests(chat)
         response = head(body, f"resp_{time.time_ns():x}")
         if not body.stream:
             answers = await core.answers([request], http)
             if answers is None:
                 return Response(status_code=499)
-            response, said = finished(response, answers[0], tools)
+            response, said = finished(response, answers[0], reading)
             keep(body, response, conversation + said)
             return response
-        return StreamingResponse(
-            _stream(
-                core,
-                request,
-                tools,
-                response,
-                finished,
-                lambda r, s: keep(body, r, conversation + s),
-            ),
-            media_type="text/event-stream",
+        stream = _stream(
+            core,
+            request,
+            reading,
+            response,
+            finished,
+            lambda r, said: keep(body, r, conversation + said),
         )
+        return StreamingResponse(stream, media_type="text/event-stream")
 
     @app.get("/v1/responses/{rid}")
     async def get_response(rid: str):
@@ -355,10 +353,37 @@ def add_responses_api(app: FastAPI, core: Core) -> None:
         return {"id": rid, "object": "response", "deleted": True}
 
 
-async def _stream(core: Core, request, tools, response: dict, finished, keep):
-    """The typed events of one response: created, in progress, the output items as they come
-    (text deltas token by token; a call whole once it is complete), completed."""
-    number = 0
+def _message_item(item_id: str, text: str) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [part],
+    }
+
+
+def _reasoning_item(item_id: str, text: str) -> dict:
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "status": "completed",
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
+
+
+_DELTA = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
+_DONE = {"message": "response.output_text.done", "reasoning": "response.reasoning_text.done"}
+
+
+async def _stream(core: Core, request, reading: Reading, response: dict, finished, keep):
+    """The typed events of one response: created, in progress, the output items in order
+    (reasoning and text token by token as they come; calls, and text that may have been one,
+    whole once complete), completed (or incomplete)."""
+    number, stamp = 0, f"{time.time_ns():x}"
+    ids = {"reasoning": f"rs_{stamp}", "message": f"msg_{stamp}"}
 
     def event(kind: str, **data) -> str:
         nonlocal number
@@ -366,108 +391,99 @@ async def _stream(core: Core, request, tools, response: dict, finished, keep):
         payload = {"type": kind, "sequence_number": number - 1, **data}
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def snapshot() -> dict:
-        return json.loads(json.dumps(response))
-
-    yield event("response.created", response=snapshot())
-    yield event("response.in_progress", response=snapshot())
-    answer, item_id, text = Answer(), f"msg_{time.time_ns():x}", ""
-    opened = False
-    async for _, e in core.stream([request]):
-        if e["type"] == "error":
-            code = "timeout" if e.get("status") == 504 else "server_error"
-            yield event("error", code=code, message=e["message"], param=None)
-            return
-        answer.add(e)
-        if e["type"] == "token" and e["text"] and not tools:
-            if not opened:
-                opened = True
-                item = {
-                    "type": "message",
-                    "id": item_id,
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                yield event("response.output_item.added", output_index=0, item=item)
-                part = {"type": "output_text", "text": "", "annotations": []}
-                yield event(
-                    "response.content_part.added",
-                    item_id=item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                )
-            text += e["text"]
-            yield event(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                delta=e["text"],
-                logprobs=[],
-            )
-    response, said = finished(response, answer, tools)
-    keep(response, said)
-    for index, item in enumerate(response["output"]):
-        if item["type"] == "message":
-            item["id"] = item_id
-            part = item["content"][0]
-            if not opened:
-                yield event(
+    def opening(index: int, item: dict) -> list[str]:
+        shown = {**item, "status": "in_progress"}
+        if item["type"] == "function_call":
+            return [
+                event(
                     "response.output_item.added",
                     output_index=index,
-                    item={**item, "status": "in_progress", "content": []},
+                    item={**shown, "arguments": ""},
                 )
-                yield event(
-                    "response.content_part.added",
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    part={**part, "text": ""},
-                )
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    delta=part["text"],
-                    logprobs=[],
-                )
-            yield event(
-                "response.output_text.done",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            )
-            yield event(
-                "response.content_part.done",
-                item_id=item_id,
+            ]
+        part = {**item["content"][0], "text": ""}
+        return [
+            event("response.output_item.added", output_index=index, item={**shown, "content": []}),
+            event(
+                "response.content_part.added",
+                item_id=item["id"],
                 output_index=index,
                 content_index=0,
                 part=part,
-            )
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
-            )
-            yield event(
+            ),
+        ]
+
+    def delta(index: int, item: dict, text: str) -> str:
+        if item["type"] == "function_call":
+            return event(
                 "response.function_call_arguments.delta",
                 item_id=item["id"],
                 output_index=index,
-                delta=item["arguments"],
+                delta=text,
             )
-            yield event(
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return event(
+            _DELTA[item["type"]],
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            delta=text,
+            **extra,
+        )
+
+    def closing(index: int, item: dict) -> list[str]:
+        if item["type"] == "function_call":
+            done = event(
                 "response.function_call_arguments.done",
                 item_id=item["id"],
                 output_index=index,
                 name=item["name"],
                 arguments=item["arguments"],
             )
-        yield event("response.output_item.done", output_index=index, item=item)
+        else:
+            part = item["content"][0]
+            extra = {"logprobs": []} if item["type"] == "message" else {}
+            where = dict(item_id=item["id"], output_index=index, content_index=0)
+            done = [
+                event(_DONE[item["type"]], **where, text=part["text"], **extra),
+                event("response.content_part.done", **where, part=part),
+            ]
+        done = done if isinstance(done, list) else [done]
+        return [*done, event("response.output_item.done", output_index=index, item=item)]
+
+    yield event("response.created", response=json.loads(json.dumps(response)))
+    yield event("response.in_progress", response=json.loads(json.dumps(response)))
+    streamed: list[dict] = []  # the items opened so far, in order (reasoning, then message)
+    answer = None
+    async for kind, piece in pieces(core, request, reading):
+        if kind == "error":
+            code = "timeout" if piece.get("status") == 504 else "server_error"
+            yield event("error", code=code, message=piece["message"], param=None)
+            return
+        if kind == "done":
+            answer = piece
+            break
+        item = (
+            _reasoning_item(ids["reasoning"], "")
+            if kind == "reasoning"
+            else _message_item(ids["message"], "")
+        )
+        if not streamed or streamed[-1]["type"] != item["type"]:
+            streamed.append(item)
+            for e in opening(len(streamed) - 1, item):
+                yield e
+        yield delta(len(streamed) - 1, item, piece)
+    response, said = finished(response, answer, reading)
+    keep(response, said)
+    for index, item in enumerate(response["output"]):
+        if item["type"] in ids:
+            item["id"] = ids[item["type"]]
+        if not any(s["type"] == item["type"] for s in streamed):  # it came whole
+            for e in opening(index, item):
+                yield e
+            whole = item["arguments"] if item["type"] == "function_call" else None
+            yield delta(index, item, whole if whole is not None else item["content"][0]["text"])
+        for e in closing(index, item):
+            yield e
     kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
     yield event(kind, response=response)

@@ -61,6 +61,31 @@ class Message(StrictBody):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool's answer: to which call
+    reasoning_content: str | None = None  # an assistant's reasoning, given back
+
+    def for_template(self) -> dict:
+        """The message as ``transformers`` hands it to a template that takes tools: the text
+        ("" for none), an assistant's calls with their arguments as objects, a tool answer's
+        call id, the reasoning given back."""
+        out = {"role": self.role, "content": self.text() if self.content else ""}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _json_or_text(c.function.arguments),
+                    },
+                }
+                for c in self.tool_calls
+            ]
+        extra = {
+            "name": self.name,
+            "tool_call_id": self.tool_call_id,
+            "reasoning_content": self.reasoning_content,
+        }
+        return {**out, **{k: v for k, v in extra.items() if v is not None}}
 
     def text(self) -> str:
         """What the template shows of the message: its content; an assistant's tool calls as
@@ -255,10 +280,11 @@ class DetokenizeBody(StrictBody):
     tokens: list[int]
 
 
-def refuse_unsupported(body: BaseModel) -> None:
-    """A 400 naming the first field of OpenAI's API in ``body`` that attnkit cannot honour."""
-    for name, why in UNSUPPORTED.items():
-        if getattr(body, name, None) is not None:
+def refuse_unsupported(body: BaseModel, fields: dict[str, str] = UNSUPPORTED) -> None:
+    """A 400 naming the first of ``fields`` (name: why) that ``body`` sets: a field of the API
+    that attnkit cannot honour (by default, OpenAI's chat and completion fields)."""
+    for name, why in fields.items():
+        if getattr(body, name, None) not in (None, False):
             raise error(400, f"{name} is not supported by attnkit serve: {why}", name)
 
 

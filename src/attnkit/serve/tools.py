@@ -1,27 +1,28 @@
 """Tool calls: ``tools`` with ``tool_choice`` ``"auto"``, ``"required"`` or a named function,
 answered as OpenAI's ``tool_calls`` by constrained decoding.
 
-The model is told about the tools in a system message (their names, descriptions and parameter
-schemas, and the shape of a call), and its answer is held by the grammar of a call: a JSON
-object ``{"name": one of the offered names, "arguments": an object that the function's
-``parameters`` schema accepts}`` (:mod:`attnkit.serve.grammar`). So every call names a real
-function and its arguments validate, whatever the model would have written. ``"none"`` answers
-in text, as if no tools were given. ``"auto"`` (the default when tools are given) lets the model
-choose at its first token: the grammar is "a call, or text that does not start with ``{``", so
-an answer is either a whole call (``tool_calls``) or plain text (``content``), never a
-half-call to guess at. This needs no model-specific tool-call format, so it works with any chat
-template; a template that knows tools gets them in the system message like any other. A ``tool``
-message in the next turn goes through the chat template like any other.
+A chat template that takes ``tools`` lays them out itself, and the model answers in the format
+that template teaches (:mod:`attnkit.serve.formats`: Hermes/Qwen ``<tool_call>``, Mistral's
+``[TOOL_CALLS]``, Llama 3's JSON). Any other template gets the tools in a system message of
+attnkit's own (their names, descriptions and parameter schemas, and the shape of a call: a bare
+JSON object). Either way the answer is held by the grammar of the format's calls, each
+``{"name": one of the offered names, <arguments>: an object that the function's ``parameters``
+schema accepts}`` (:mod:`attnkit.serve.grammar`), so every call names a real function and its
+arguments validate, whatever the model would have written. ``"none"`` answers in text, as if no
+tools were given. ``"auto"`` (the default when tools are given) lets the model choose at its
+first token: the grammar is "calls, or text that does not begin like one", so an answer is
+either whole calls (``tool_calls``) or plain text (``content``), never a half-call to guess at.
+Several calls in one answer are allowed where the format has a separator, unless
+``parallel_tool_calls`` is false.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 from attnkit.serve.schema import ChatBody, Tool, ToolChoice, error
 
-__all__ = ["call_schema", "chosen_tools", "tool_calls", "tools_message", "with_tools"]
+__all__ = ["call_schema", "chosen_tools", "tools_message", "with_tools"]
 
 
 def chosen_tools(body: ChatBody) -> tuple[list[Tool] | None, bool]:
@@ -55,13 +56,13 @@ def _parameters(tool: Tool) -> dict:
     return tool.function.parameters or {"type": "object", "properties": {}}
 
 
-def call_schema(tools: list[Tool]) -> dict:
-    """The JSON schema of one call of one of ``tools``."""
+def call_schema(tools: list[Tool], arguments: str = "arguments") -> dict:
+    """The JSON schema of one call of one of ``tools`` (its arguments under ``arguments``)."""
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t)},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": t.function.name}, arguments: _parameters(t)},
+            "required": ["name", arguments],
             "additionalProperties": False,
         }
         for t in tools
@@ -82,20 +83,6 @@ def tools_message(tools: list[Tool]) -> str:
         parameters = json.dumps(_parameters(tool), ensure_ascii=False)
         lines.append(f"- {tool.function.name}:{about} Parameters: {parameters}")
     return "\n".join(lines)
-
-
-def tool_calls(text: str, index: int) -> list[dict] | None:
-    """OpenAI's ``tool_calls`` for an answer that is one complete call (None otherwise: an
-    answer cut short by ``max_tokens``)."""
-    try:
-        call = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or "name" not in call or "arguments" not in call:
-        return None
-    arguments = json.dumps(call["arguments"], ensure_ascii=False)
-    function = {"name": call["name"], "arguments": arguments}
-    return [{"id": f"call_{time.time_ns():x}_{index}", "type": "function", "function": function}]
 
 
 def with_tools(messages: list[dict], tools: list[Tool]) -> list[dict]:
