@@ -118,7 +118,10 @@ def register(commands) -> None:
             "'attnkit explain scaling' measures why the scores are divided by sqrt(d_k): "
             "Var[q.k] = d_k for unit-variance q and k, and what the softmax does with and "
             "without the scaling. 'attnkit explain complexity' times attention (math, fused, "
-            "window, linear) as N grows and fits the exponent of N.\n\n"
+            "window, linear) as N grows and fits the exponent of N. 'attnkit explain circuits "
+            "MODEL [TEXT]' scores every head: previous-token, duplicate-token and induction "
+            "(on random tokens repeated), how much it copies (its OV circuit's eigenvalues) and "
+            "how the heads of successive layers compose (Q, K, V).\n\n"
             "Beyond the raw weights, a method and a TEXT: 'rollout' and 'flow' follow the "
             "attention down through every layer to the input tokens (Abnar & Zuidema); 'lens' "
             "reads a decoder's prediction after every layer (the logit lens); 'heads' ablates "
@@ -136,6 +139,7 @@ def register(commands) -> None:
             "  attnkit explain --causal 4\n"
             "  attnkit explain scaling --png runs/scaling.png\n"
             "  attnkit explain complexity --budget 20 --png runs/complexity.png\n"
+            "  attnkit explain circuits smollm2 --png runs/circuits.png\n"
             + explain_methods.EXAMPLES
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -147,7 +151,12 @@ def register(commands) -> None:
         help="a sentence to trace through one attention head, a topic (scaling, complexity) or "
         "a method (" + ", ".join(explain_methods.METHODS) + ") followed by TEXT",
     )
-    explain.add_argument("text", nargs="?", metavar="TEXT", help="with a method: the text")
+    explain.add_argument(
+        "text", nargs="?", metavar="TEXT", help="with a method: the text; with 'circuits': MODEL"
+    )
+    explain.add_argument(
+        "more", nargs="?", metavar="TEXT", help="with 'circuits': a text to score heads on"
+    )
     explain.add_argument("--model", metavar="PATH", help="with TEXT: a model directory to trace")
     explain.add_argument(
         "--preset", default="tiny", help="with TEXT and no --model: an untrained preset (tiny)"
@@ -177,7 +186,19 @@ def register(commands) -> None:
     explain.add_argument(
         "--png", metavar="FILE", help="with a topic or method: also draw the plot here"
     )
-    explain.add_argument("--seed", type=int, default=0, help="with 'scaling': the random seed")
+    explain.add_argument(
+        "--seed", type=int, default=0, help="with 'scaling' and 'circuits': the random seed"
+    )
+    explain.add_argument(
+        "--repeat",
+        type=int,
+        default=50,
+        metavar="N",
+        help="with 'circuits': induction is measured on N random tokens, repeated (default 50)",
+    )
+    explain.add_argument(
+        "--json", action="store_true", help="with 'circuits': every head's scores as JSON"
+    )
     explain.add_argument(
         "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
     )
@@ -196,7 +217,11 @@ def run(args: argparse.Namespace) -> None:
     from attnkit.explain.softmax import explain_causal, explain_softmax
 
     if args.topic is not None:
-        if args.topic in explain_methods.METHODS:
+        if args.topic == "circuits":
+            from attnkit.cli.explain_circuits import run as circuits
+
+            circuits(args)
+        elif args.topic in explain_methods.METHODS:
             explain_methods.run_method(args)
         elif args.text is not None:
             raise UsageError(

@@ -13,15 +13,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from fastapi.responses import Response, StreamingResponse
 
 from attnkit.serve.formats import Reading
 from attnkit.serve.schema import error_body
-
-if TYPE_CHECKING:
-    from attnkit.serve.core import Core
 
 __all__ = [
     "PLAIN",
@@ -145,7 +141,7 @@ def usage(answers: list[Answer], per_prompt: int = 1) -> dict:
 
 
 async def respond(
-    core: Core,
+    core,
     body,
     requests,
     http,
@@ -155,7 +151,8 @@ async def respond(
     echo=None,
     reading: Reading = PLAIN,
 ):
-    """A chat completion (``chat``) or a completion for ``requests``: whole, or streamed as
+    """A chat completion (``chat``) or a completion for ``requests`` of ``core`` (the server's
+    :class:`~attnkit.serve.core.Core`): whole, or streamed as
     OpenAI's chunks (reasoning as ``reasoning_content`` deltas; calls whole once complete)."""
     rid = ("chatcmpl-" if chat else "cmpl-") + f"{time.time_ns():x}"
     head = {"id": rid, "created": int(time.time()), "model": core.name}

@@ -1,0 +1,213 @@
+"""Circuits: what each head does, read from its attention and from its weights.
+
+Two kinds of evidence (Elhage et al., "A Mathematical Framework for Transformer Circuits",
+2021; Olsson et al., "In-context Learning and Induction Heads", 2022):
+
+- **Detector scores** (TransformerLens' ``head_detector`` definitions). For a head's attention
+  A (N, N) over a sequence and a pattern P of the positions a kind of head attends to, the score
+  is sum(A * P) / sum(A): the share of the head's attention that falls where the pattern says,
+  over the rows (queries) where P marks a position, so that a perfect head scores 1
+  (TransformerLens sums over every row: on a repeated sequence its best induction score is about
+  one half).
+  *previous-token*: P[i, i-1] = 1. *duplicate-token*: P[i, j] = 1 for an earlier j holding the
+  same token. *induction*: P[i, j] = 1 for j just after an earlier copy of token i (the head
+  looks at what followed the last time, to predict it again). Induction is measured on a random
+  token sequence repeated twice, where only an induction head can predict the second copy; its
+  per-token loss on the second copy is reported beside it.
+- **Weight scores.** A head's OV circuit W_E W_V W_O W_U (vocab x vocab) maps the token it
+  attends to onto the logits it raises; a *copying* head raises the token it reads, so the
+  matrix's eigenvalues are mostly positive. The copying score is sum(Re(lambda)) /
+  sum(|lambda|) over its eigenvalues, in [-1, 1], computed on the (d_head x d_head) matrix
+  W_O W_U W_E W_V, which has the same non-zero eigenvalues. *Composition* (K, Q or V) between a
+  head of an earlier layer and one of a later layer is ||W_OV^1 W^2|| / (||W_OV^1|| ||W^2||)
+  (Frobenius norms), where W^2 is the later head's W_Q W_K^T (Q), its transpose (K) or its W_OV
+  (V): how much of what the first head writes the second reads into its query, key or value.
+
+Shapes follow TransformerLens' row-vector convention (x W): W_Q, W_K, W_V are (H, d_model,
+d_head) per layer and W_O (H, d_head, d_model); a grouped-query model's key and value heads are
+repeated for the query heads that share them. Layer norms, biases and rotary positions are left
+out, as TransformerLens leaves them out of these scores.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "DETECTORS",
+    "circuit_scores",
+    "composition_scores",
+    "detection_pattern",
+    "detector_scores",
+    "head_weights",
+    "ov_copying_scores",
+    "repeated_tokens",
+]
+
+DETECTORS = ("previous-token", "duplicate-token", "induction")
+
+
+def detection_pattern(name: str, ids: Tensor) -> Tensor:
+    """The (N, N) 0/1 pattern of the positions a ``name`` head attends to over tokens ``ids``
+    (N,), lower-triangular (TransformerLens' ``get_*_detection_pattern``)."""
+    n = ids.shape[-1]
+    if name == "previous-token":
+        return torch.diag(torch.ones(n - 1), -1)
+    same = (ids[:, None] == ids[None, :]).float().tril(-1)  # an earlier copy of the token
+    if name == "duplicate-token":
+        return same
+    if name == "induction":  # the position just after an earlier copy
+        return torch.cat([torch.zeros(n, 1), same[:, :-1]], dim=1).tril()
+    raise ValueError(f"detection_pattern: name must be one of {list(DETECTORS)}, got {name!r}")
+
+
+def detector_scores(attentions: list[Tensor], pattern: Tensor, *, marked: bool = True) -> Tensor:
+    """sum(A * P) / sum(A) for every head: ``attentions`` one (H, N, N) tensor per layer,
+    ``pattern`` (N, N); returns (L, H). With ``marked`` (the default) only the rows where the
+    pattern marks a position count, so that a perfect head scores 1 (the first copy of a
+    repeated sequence gives an induction head nothing to find); ``marked=False`` is
+    TransformerLens' score over every row."""
+    stacked = torch.stack([a.double() for a in attentions])  # (L, H, N, N)
+    pattern = pattern.double()
+    if marked:
+        rows = pattern.sum(-1) > 0
+        stacked, pattern = stacked[:, :, rows], pattern[rows]
+    return (stacked * pattern).sum((-2, -1)) / stacked.sum((-2, -1))
+
+
+def repeated_tokens(vocab_size: int, half: int, *, seed: int = 0, first: int | None = None):
+    """A random sequence of ``half`` tokens repeated twice, (1, 2 * half) (after ``first``, a
+    BOS, when given): the input induction heads are measured on."""
+    if half < 2:
+        raise ValueError(f"repeated_tokens: half must be at least 2, got {half}")
+    generator = torch.Generator().manual_seed(seed)
+    low = 100 if vocab_size > 1000 else 0  # a large vocabulary's lowest ids: special tokens
+    tokens = torch.randint(low, vocab_size, (half,), generator=generator)
+    ids = torch.cat([tokens, tokens])
+    if first is not None:
+        ids = torch.cat([torch.tensor([first]), ids])
+    return ids[None]
+
+
+def _float_weight(layer: nn.Module) -> Tensor:
+    weight = getattr(layer, "weight", None)
+    if isinstance(weight, Tensor) and weight.is_floating_point():
+        return weight.detach().double()
+    return layer.dequantized().double()  # a packed layer
+
+
+def head_weights(attention: nn.Module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(W_Q, W_K, W_V, W_O) of one attention module, (H, d_model, d_head) thrice and (H,
+    d_head, d_model), in float64, key and value heads repeated over their query groups."""
+    h, kv, dh = attention.n_heads, attention.n_kv_heads, attention.d_head
+    w = _float_weight(attention.in_proj)  # (rows, d_model): q, then k, then v
+    q, k, v = w.split([h * dh, kv * dh, kv * dh])
+
+    def heads(rows: Tensor, count: int) -> Tensor:  # (count * dh, D) -> (H, D, dh)
+        per = rows.reshape(count, dh, -1).transpose(1, 2)
+        return per.repeat_interleave(h // count, dim=0)
+
+    w_o = _float_weight(attention.out_proj).T.reshape(h, dh, -1)  # (H, dh, D)
+    return heads(q, h), heads(k, kv), heads(v, kv), w_o
+
+
+def _self_attentions(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules whose heads are scored: a decoder's (a translator's decoder
+    too), else an encoder's."""
+    stack = getattr(model, "decoder", None) or getattr(model, "encoder", None)
+    stack = getattr(stack, "encoder", stack)  # a classifier's encoder model holds the stack
+    if stack is None or not hasattr(stack, "layers"):
+        raise ValueError(f"circuits: {type(model).__name__} has no attention stack")
+    return [layer.self_attn for layer in stack.layers]
+
+
+def ov_copying_scores(model: nn.Module) -> Tensor | None:
+    """Each head's copying score, (L, H); None for a model without an unembedding (an
+    encoder)."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return None
+    embeddings = getattr(model, "embeddings", None) or model.tgt_embeddings  # a translator's
+    w_e = _float_weight(embeddings.tokens)  # (V, D)
+    w_u = _float_weight(head).T  # (D, V)
+    scores = []
+    for attention in _self_attentions(model):
+        _, _, w_v, w_o = head_weights(attention)
+        small = w_o @ w_u @ w_e @ w_v  # (H, dh, dh): W_O W_U W_E W_V
+        eigenvalues = torch.linalg.eigvals(small)
+        scores.append(eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1))
+    return torch.stack(scores)
+
+
+def composition_scores(model: nn.Module) -> dict[str, Tensor]:
+    """{"Q", "K", "V"}: (L, H, L, H) tensors, entry [l1, h1, l2, h2] the composition of head h1
+    of layer l1 into head h2 of a later layer l2 (zero where l2 <= l1). Each matrix is kept as
+    its two (d_model, d_head) factors, A B^T, so that a norm costs d_head^3, not d_model^3:
+    ||A_1 B_1^T A_2 B_2^T||^2 = tr(A_1^T A_1 M G M^T) with M = B_1^T A_2 and G = B_2^T B_2."""
+    weights = [head_weights(a) for a in _self_attentions(model)]
+    w_q, w_k, w_v = (torch.stack([w[i] for w in weights]) for i in range(3))  # (L, H, D, dh)
+    w_o = torch.stack([w[3] for w in weights]).transpose(-2, -1)  # (L, H, D, dh): W_O^T
+    layers = w_q.shape[0]
+
+    def gram(a: Tensor) -> Tensor:
+        return a.transpose(-2, -1) @ a  # (..., dh, dh)
+
+    def norm(a: Tensor, b: Tensor) -> Tensor:  # ||a b^T||
+        return (gram(a) * gram(b)).sum((-2, -1)).sqrt()
+
+    left_a, left_b = w_v, w_o  # W_OV = W_V W_O
+    out = {}
+    for mode, (right_a, right_b) in {"Q": (w_q, w_k), "K": (w_k, w_q), "V": (w_v, w_o)}.items():
+        scores = torch.zeros(layers, w_q.shape[1], layers, w_q.shape[1], dtype=torch.float64)
+        right_norm, grams = norm(right_a, right_b), gram(right_b)  # (L, H), (L, H, dh, dh)
+        for first in range(layers - 1):
+            m = torch.einsum("ide,ljdf->iljef", left_b[first], right_a[first + 1 :])
+            g = gram(left_a[first])[:, None, None]  # (H1, 1, 1, dh, dh)
+            inner = (g * (m @ grams[first + 1 :] @ m.transpose(-2, -1))).sum((-2, -1)).sqrt()
+            scale = norm(left_a[first], left_b[first])[:, None, None] * right_norm[first + 1 :]
+            scores[first, :, first + 1 :] = inner / scale
+        out[mode] = scores
+    return out
+
+
+def _patterns(model: nn.Module, ids: Tensor) -> list[Tensor]:
+    """The attention of the heads scored over ``ids`` (1, N): one (H, N, N) tensor per layer (a
+    translator's decoder reads the same text as its source)."""
+    with torch.no_grad():
+        if hasattr(model, "encoder") and hasattr(model, "decoder"):
+            _, attentions = model(ids, ids, return_attention=True)
+            attentions = attentions["decoder"]
+        else:
+            _, attentions = model(ids, return_attention=True)
+    return [a[0].float() for a in attentions]
+
+
+def circuit_scores(model: nn.Module, ids: Tensor | None = None, *, half: int = 50,
+                   seed: int = 0, bos: int | None = None) -> dict:  # fmt: skip
+    """Every head's scores: the three detector scores (previous- and duplicate-token over
+    ``ids`` (1, N) when given, else over the repeated random sequence; induction over the
+    repeated sequence of ``half`` tokens), the loss per token on its second copy, the copying
+    scores and the composition scores. Tensors are (L, H), (L, H, L, H) for composition."""
+    repeated = repeated_tokens(model.cfg.vocab_size, half, seed=seed, first=bos)
+    on_repeat = _patterns(model, repeated)
+    text = on_repeat if ids is None else _patterns(model, ids)
+    text_ids = (repeated if ids is None else ids)[0]
+    if text_ids.shape[0] < 2:
+        raise ValueError(f"circuits: the text has {text_ids.shape[0]} token; at least 2 needed")
+    scores = {
+        name: detector_scores(
+            on_repeat if name == "induction" else text,
+            detection_pattern(name, repeated[0] if name == "induction" else text_ids),
+        )
+        for name in DETECTORS
+    }
+    out = {"detectors": scores, "copying": ov_copying_scores(model)}
+    out["composition"] = composition_scores(model)
+    if isinstance(getattr(model, "lm_head", None), nn.Module) and not hasattr(model, "encoder"):
+        with torch.no_grad():
+            logits = model(repeated).float()
+        losses = nn.functional.cross_entropy(logits[0, :-1], repeated[0, 1:], reduction="none")
+        second = losses[-(half - 1) :]  # the second copy, from its second token on
+        out["loss"] = {"first": float(losses[: half - 1].mean()), "second": float(second.mean())}
+    return out
