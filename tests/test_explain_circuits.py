@@ -210,3 +210,55 @@ def test_the_command_prints_every_heads_scores_and_refuses_in_one_line(tmp_path,
         assert main(args) == 2, args
         error = capsys.readouterr().err.strip()
         assert says in error and len(error.splitlines()) == 1, error
+
+
+@pytest.mark.needs("shakespeare")
+def test_a_run_records_its_heads_and_the_command_plots_them(tmp_path, capsys):
+    """train.watch records every head's induction and previous-token scores and the
+    in-context score at each evaluation; 'explain circuits RUN_DIR' reads them back."""
+    import json
+
+    from attnkit.cli import main
+    from test_training_cli import SHAKESPEARE, records, tiny
+
+    out = tmp_path / "run"
+    watch = ["--set", 'train.watch=["induction", "previous-token"]']
+    assert main(["train", SHAKESPEARE, "--out", str(out), *tiny(), *watch]) == 0
+    capsys.readouterr()
+    validation = records(out, "validation")
+    assert [r["step"] for r in validation] == [20, 40]
+    for record in validation:
+        assert set(record["heads"]) == {"induction", "previous-token"}
+        assert set(record["heads"]["induction"]) == {"0.0", "0.1"}  # 1 layer x 2 heads
+        assert isinstance(record["in_context"], float)
+
+    png = tmp_path / "heads.png"
+    assert main(["explain", "circuits", str(out), "--png", str(png)]) == 0
+    shown = capsys.readouterr().out
+    assert "in-context" in shown and "induction: the best head's score rose most at step" in shown
+    assert png.stat().st_size > 10_000
+    assert main(["explain", "circuits", str(out), "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)
+    assert seen["steps"] == [20, 40] and len(seen["scores"]["induction"]["0.1"]) == 2
+
+    plain = tmp_path / "plain"
+    assert main(["train", SHAKESPEARE, "--out", str(plain), *tiny(**{"train.steps": 20})]) == 0
+    capsys.readouterr()
+    assert main(["explain", "circuits", str(plain)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "records no head scores" in error and len(error.splitlines()) == 1
+    assert (
+        main(
+            [
+                "train",
+                SHAKESPEARE,
+                "--out",
+                str(tmp_path / "x"),
+                *tiny(),
+                "--set",
+                'train.watch=["copying"]',
+            ]
+        )
+        == 2
+    )
+    assert "train.watch must be a list of" in capsys.readouterr().err

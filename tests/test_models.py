@@ -270,3 +270,20 @@ def test_encoder_model_overfits_a_token_task():
         return F.cross_entropy(head(model(EXAMPLES)).transpose(1, 2), targets)
 
     assert _fit(params, loss) < 0.05
+
+
+def test_an_attention_only_model_is_d_ff_0_without_biases():
+    """d_ff = 0 and bias = False: every FFN adds exactly zero, so each layer is x + attention;
+    a negative width is refused in one line."""
+    torch.manual_seed(0)
+    cfg = ak.ModelConfig.preset("tiny", vocab_size=50, d_ff=0, bias=False)
+    model = ak.DecoderLM(cfg).eval()
+    x = torch.randn(2, 5, cfg.d_model)
+    for layer in model.decoder.layers:
+        assert torch.equal(layer.ffn(x), torch.zeros_like(x))
+    ids = torch.randint(0, 50, (2, 9))
+    loss = model.loss(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss) and model.decoder.layers[0].self_attn.in_proj.weight.grad.any()
+    with pytest.raises(ValueError, match="d_ff"):
+        ak.ModelConfig.preset("tiny", vocab_size=50, d_ff=-1)

@@ -93,8 +93,10 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (source checkpoint...)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
             checks.positive_int(f"ModelConfig.{name}", getattr(self, name))
+        # d_ff = 0 (with bias=False): the FFN adds nothing, an attention-only model
+        checks.positive_int("ModelConfig.d_ff", self.d_ff, minimum=0)
         for name, choices in (
             ("norm", NORMS),
             ("norm_type", NORM_TYPES),

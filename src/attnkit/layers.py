@@ -14,6 +14,7 @@ encoder and decoder layers in the paper's Post-LN order or the modern Pre-LN ord
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -161,6 +162,10 @@ class MoEFeedForward(nn.Module):
 
 
 def _dense_ffn(cfg: ModelConfig) -> FeedForward:
+    if cfg.d_ff == 0:  # an attention-only model: empty weights (torch warns it cannot init them)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            return FeedForward(cfg.d_model, 0, cfg.activation, bias=cfg.bias)
     return FeedForward(
         cfg.d_model,
         cfg.d_ff,

@@ -1,10 +1,13 @@
 """``attnkit explain circuits MODEL [TEXT]``: every head's detector, copying and composition
-scores (:mod:`attnkit.explain.circuits`), as a table, JSON and heatmaps."""
+scores (:mod:`attnkit.explain.circuits`), as a table, JSON and heatmaps; ``attnkit explain
+circuits RUN_DIR``: the scores a run recorded (``train.watch``) against the step, under its loss
+curve."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError("explain circuits: give MODEL, e.g. attnkit explain circuits smollm2")
     if args.repeat < 2:
         raise UsageError(f"--repeat: at least 2 tokens, got {args.repeat}")
+    if (Path(source) / "metrics.jsonl").is_file():
+        return _run_dir(args, Path(source))
     model = load_model(source, "MODEL", dequantize=True).eval()
     if getattr(model.cfg, "attention", "full") == "linear":
         raise UsageError(
@@ -121,6 +126,95 @@ def _draw(args, detectors: dict, copying) -> None:
         axis.set_xlabel("head")
         axis.set_ylabel("layer")
         figure.colorbar(image, ax=axis, shrink=0.8)
+    figure.tight_layout()
+    for path in filter(None, (args.png, args.svg)):
+        figure.savefig(path)
+        print(f"wrote {path}")
+    plt.close(figure)
+
+
+def _run_dir(args: argparse.Namespace, run: Path) -> None:
+    """A training run's heads as they formed: a table per evaluation, the step where each
+    watched score jumped, and (--png, --svg) every head's score against the step under the
+    loss curve."""
+    from attnkit.explain.circuits import formation
+    from attnkit.training.metrics import MetricsLog
+
+    records = MetricsLog(run / "metrics.jsonl").read()
+    seen = formation(records)
+    if seen is None:
+        raise UsageError(
+            f"RUN_DIR: {run / 'metrics.jsonl'} records no head scores (train with "
+            'train.watch = ["induction", "previous-token"] in the recipe)'
+        )
+    if args.json:
+        out = {k: seen[k] for k in ("steps", "loss", "in_context", "jumps")}
+        out["scores"] = {
+            n: {h: t[:, i].tolist() for i, h in enumerate(seen["heads"])}
+            for n, t in seen["scores"].items()
+        }
+        print(json.dumps(out))
+    else:
+        names = list(seen["scores"])
+        print(f"run: {run} ({len(seen['steps'])} evaluations)")
+        header = f"{'step':>6} {'loss':>7} {'in-context':>10}" + "".join(
+            f" {n + ' (best head)':>26}" for n in names
+        )
+        print(header)
+        for i, step in enumerate(seen["steps"]):
+            row = f"{step:>6} {seen['loss'][i]:>7.4f} {_number(seen['in_context'][i]):>10}"
+            for name in names:
+                table = seen["scores"][name][i]
+                best = int(table.argmax())
+                row += f" {float(table[best]):>17.3f} ({seen['heads'][best]:>5})"
+            print(row)
+        for name, jump in seen["jumps"].items():
+            print(
+                f"{name}: the best head's score rose most at step {jump['step']}: "
+                f"{jump['before']:.3f} -> {jump['after']:.3f}"
+            )
+    if args.png or args.svg:
+        _draw_run(args, records, seen)
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _draw_run(args, records: list[dict], seen: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(seen["scores"])
+    figure, axes = plt.subplots(
+        1 + len(names), 1, figsize=(8, 2.6 * (1 + len(names))), sharex=True, squeeze=False
+    )
+    axes = axes[:, 0]
+    train = [r for r in records if r.get("split") == "train" and "loss" in r]
+    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    axes[0].plot(seen["steps"], seen["loss"], "o-", label="validation loss")
+    axes[0].set_ylabel("loss per token")
+    if any(v is not None for v in seen["in_context"]):
+        twin = axes[0].twinx()
+        twin.plot(
+            seen["steps"], seen["in_context"], "s--", color="tab:green", label="in-context score"
+        )
+        twin.set_ylabel("in-context score")
+        twin.legend(loc="upper center")
+    axes[0].legend(loc="upper right")
+    for axis, name in zip(axes[1:], names, strict=True):
+        table = seen["scores"][name]
+        for i, head in enumerate(seen["heads"]):
+            axis.plot(seen["steps"], table[:, i].tolist(), lw=1, alpha=0.8, label=head)
+        axis.set_ylabel(f"{name} score")
+        axis.set_ylim(0, 1)
+        axis.legend(ncol=max(1, len(seen["heads"]) // 4), fontsize=6, loc="upper left")
+    for axis in axes:
+        for jump in seen["jumps"].values():
+            axis.axvline(jump["step"], color="grey", ls=":", lw=1)
+    axes[-1].set_xlabel("step")
     figure.tight_layout()
     for path in filter(None, (args.png, args.svg)):
         figure.savefig(path)

@@ -40,9 +40,12 @@ __all__ = [
     "composition_scores",
     "detection_pattern",
     "detector_scores",
+    "formation",
     "head_weights",
+    "in_context_score",
     "ov_copying_scores",
     "repeated_tokens",
+    "watch_heads",
 ]
 
 DETECTORS = ("previous-token", "duplicate-token", "induction")
@@ -183,8 +186,14 @@ def _patterns(model: nn.Module, ids: Tensor) -> list[Tensor]:
     return [a[0].float() for a in attentions]
 
 
-def circuit_scores(model: nn.Module, ids: Tensor | None = None, *, half: int = 50,
-                   seed: int = 0, bos: int | None = None) -> dict:  # fmt: skip
+def circuit_scores(
+    model: nn.Module,
+    ids: Tensor | None = None,
+    *,
+    half: int = 50,
+    seed: int = 0,
+    bos: int | None = None,
+) -> dict:
     """Every head's scores: the three detector scores (previous- and duplicate-token over
     ``ids`` (1, N) when given, else over the repeated random sequence; induction over the
     repeated sequence of ``half`` tokens), the loss per token on its second copy, the copying
@@ -211,3 +220,65 @@ def circuit_scores(model: nn.Module, ids: Tensor | None = None, *, half: int = 5
         second = losses[-(half - 1) :]  # the second copy, from its second token on
         out["loss"] = {"first": float(losses[: half - 1].mean()), "second": float(second.mean())}
     return out
+
+
+def in_context_score(model: nn.Module, ids: Tensor, *, early: int = 50, late: int = 500) -> float:
+    """Olsson et al.'s in-context-learning score over the texts ``ids`` (B, N): the mean loss
+    of the token at position ``late`` minus that at ``early`` (both capped to the texts'
+    length): how much more predictable text becomes with more context before it (negative)."""
+    n = ids.shape[1] - 1
+    late, early = min(late, n - 1), min(early, max(1, n // 10))
+    with torch.no_grad():
+        logits = model(ids[:, :-1]).float()
+    losses = nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return float(losses[:, late].mean() - losses[:, early].mean())
+
+
+def watch_heads(model: nn.Module, names: list[str], length: int, *, seed: int = 0) -> dict:
+    """What a training run records per evaluation for ``names`` (of :data:`DETECTORS`): each
+    head's score keyed by "layer.head", measured on random tokens repeated twice (at most
+    ``length`` tokens in all)."""
+    half = min(50, length // 2)
+    repeated = repeated_tokens(model.cfg.vocab_size, half, seed=seed)
+    patterns = _patterns(model, repeated)
+    out = {}
+    for name in names:
+        scores = detector_scores(patterns, detection_pattern(name, repeated[0]))
+        out[name] = {
+            f"{i // scores.shape[1]}.{i % scores.shape[1]}": round(float(v), 4)
+            for i, v in enumerate(scores.flatten())
+        }
+    return out
+
+
+def formation(records: list[dict]) -> dict | None:
+    """What a run's ``metrics.jsonl`` records (its lines, as dicts) say of its heads forming:
+    the evaluation steps, the validation loss and in-context score at each, every watched
+    score as a (steps, heads) tensor with the heads' names, and, for each score, the step at
+    whose evaluation its best head rose the most since the one before (None: nothing
+    recorded)."""
+    kept = [r for r in records if r.get("split") == "validation" and "heads" in r]
+    if not kept:
+        return None
+    names = list(kept[-1]["heads"])
+    heads = list(kept[-1]["heads"][names[0]])
+    scores = {n: torch.tensor([[r["heads"][n][h] for h in heads] for r in kept]) for n in names}
+    steps = [r["step"] for r in kept]
+    jumps = {}
+    for name, table in scores.items():
+        best = table.max(dim=1).values
+        rise = best[1:] - best[:-1] if len(best) > 1 else torch.zeros(1)
+        at = int(rise.argmax()) + 1 if len(best) > 1 else 0
+        jumps[name] = {
+            "step": steps[at],
+            "before": float(best[at - 1] if at else best[0]),
+            "after": float(best[at]),
+        }
+    return {
+        "steps": steps,
+        "loss": [r["loss"] for r in kept],
+        "in_context": [r.get("in_context") for r in kept],
+        "heads": heads,
+        "scores": scores,
+        "jumps": jumps,
+    }

@@ -72,6 +72,9 @@ class TrainConfig:
     sample_prompt: str = ""
     # fine-tuning (model.init): parameters kept as loaded, and the pretrained tensors' lr factor
     freeze: list[str] = field(default_factory=list)  # e.g. ["embeddings", "layers.0-5"]
+    # head detectors recorded at each evaluation, with the in-context-learning score (language
+    # models): any of "induction", "previous-token", "duplicate-token"
+    watch: list[str] = field(default_factory=list)
     pretrained_lr_scale: float = 1.0  # loaded tensors train at lr x this; new ones at lr
 
     def __post_init__(self) -> None:
@@ -102,6 +105,9 @@ class TrainConfig:
         for name in ("beta1", "beta2", "min_lr_ratio"):
             if not _is_number(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"train.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        known = ("induction", "previous-token", "duplicate-token")
+        if not isinstance(self.watch, list) or any(w not in known for w in self.watch):
+            raise ValueError(f"train.watch must be a list of {list(known)}, got {self.watch!r}")
         if self.label_smoothing is not None and (
             not _is_number(self.label_smoothing) or not 0 <= self.label_smoothing < 1
         ):

@@ -204,7 +204,8 @@ class LanguageModelTask(Task):
             )
         return loss, count
 
-    def _eval_batches(self, split: str, batch_size: int, max_batches: int | None):
+    def eval_batches(self, split: str, batch_size: int, max_batches: int | None = None):
+        """(inputs, targets) batches of a split, (B, T) each, in a fixed order."""
         if split not in self.blocks:
             raise ValueError(
                 f"LanguageModelTask.evaluate: split must be one of {sorted(self.blocks)}, "
@@ -228,7 +229,7 @@ class LanguageModelTask(Task):
         model.eval()
         total, tokens = 0.0, 0
         try:
-            for x, y in self._eval_batches(split, batch_size, max_batches):  # (B, T), (B, T)
+            for x, y in self.eval_batches(split, batch_size, max_batches):  # (B, T), (B, T)
                 x, y = on_device(model, {"x": x, "y": y}).values()
                 logits = model(x)
                 total += float(

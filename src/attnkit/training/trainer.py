@@ -129,6 +129,11 @@ class Trainer:
             raise TypeError(f"Trainer: config must be a TrainConfig, got {type(config).__name__}")
         if strategy not in STRATEGIES:
             raise ValueError(f"Trainer: strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if config.watch and not hasattr(task, "eval_batches"):
+            raise ValueError(
+                f"train.watch: head scores are recorded for language models (task 'lm'), not "
+                f"task {task.name!r}"
+            )
         self.model, self.task, self.config = model, task, config
         self.run_dir = Path(run_dir)
         self.dist = init_distributed()  # a single process unless torchrun started this one
@@ -362,6 +367,8 @@ class Trainer:
         result = self.evaluate("validation", config.eval_batches or None)
         self.state.last_validation = result
         record = {"split": "validation", "step": self.state.step, "epoch": self.state.epoch}
+        if config.watch and self.dist.is_main:
+            record.update(self._watch())
         if self.dist.is_main:
             self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
         extra = "".join(
@@ -371,6 +378,21 @@ class Trainer:
         )
         self._say(f"step {self.state.step}: validation loss {result['loss']:.4f}{extra}")
         return result
+
+    def _watch(self) -> dict:
+        """What ``train.watch`` records at an evaluation: each head's detector scores and the
+        in-context-learning score (:mod:`attnkit.explain.circuits`)."""
+        from attnkit.explain.circuits import in_context_score, watch_heads
+
+        x, y = next(self.task.eval_batches("validation", self.config.batch_size, 1))
+        texts = torch.cat([x, y[:, -1:]], dim=1).to(self.device)  # (B, T + 1)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            heads = watch_heads(self.model, self.config.watch, x.shape[1])
+            return {"heads": heads, "in_context": round(in_context_score(self.model, texts), 4)}
+        finally:
+            self.model.train(was_training)
 
     def fit(self, until: int | None = None) -> TrainResult:
         """Train to ``config.steps`` (or stop early at step ``until``); save; return how it
