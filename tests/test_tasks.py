@@ -438,3 +438,29 @@ def test_translate_cuts_a_sentence_longer_than_the_context_and_says_so(translato
     assert "SENTENCE 1 is" in captured.err and "only its first 64" in captured.err
     assert main(["translate", str(translator / "checkpoint"), "Gut.", " "]) == 2
     assert "SENTENCE 2: empty" in capsys.readouterr().err
+
+
+def test_repeated_blocks_write_a_passage_twice_the_same_way_every_time():
+    """data.repeat: that share of training blocks has its first passage written again later
+    (drawn from seed, epoch and step, so a resumed run sees the same batches); labels stay the
+    inputs shifted by one; validation blocks are left as they are."""
+    ids = torch.arange(50_000)
+    plain = LanguageModelTask({"train": ids, "validation": ids}, 63, seed=0)
+    every = LanguageModelTask({"train": ids, "validation": ids}, 63, seed=0, repeat=1.0)
+    half = LanguageModelTask({"train": ids, "validation": ids}, 63, seed=0, repeat=0.5)
+
+    def copies(batch) -> list[bool]:
+        """Whether each row's text holds its first 8 tokens twice (the stream never repeats)."""
+        text = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)
+        return [any(torch.equal(r[i : i + 8], r[:8]) for i in range(8, 57)) for r in text]
+
+    batch, original = every.train_batch(0, 3, 8), plain.train_batch(0, 3, 8)
+    assert all(copies(batch)) and not any(copies(original))
+    assert torch.equal(batch["input_ids"][:, :8], original["input_ids"][:, :8])
+    assert torch.equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
+    share = sum(sum(copies(half.train_batch(0, i, 8))) for i in range(50)) / 400
+    assert 0.38 < share < 0.62
+    again = half.train_batch(1, 7, 8)["input_ids"]
+    assert torch.equal(again, half.train_batch(1, 7, 8)["input_ids"])
+    first = next(every.eval_batches("validation", 4, 1))[0]
+    assert torch.equal(first, next(plain.eval_batches("validation", 4, 1))[0])

@@ -222,16 +222,20 @@ def circuit_scores(
     return out
 
 
-def in_context_score(model: nn.Module, ids: Tensor, *, early: int = 50, late: int = 500) -> float:
+def in_context_score(
+    model: nn.Module, ids: Tensor, *, early: int = 50, late: int = 500, window: int = 16
+) -> float:
     """Olsson et al.'s in-context-learning score over the texts ``ids`` (B, N): the mean loss
-    of the token at position ``late`` minus that at ``early`` (both capped to the texts'
-    length): how much more predictable text becomes with more context before it (negative)."""
+    of the tokens at positions ``late`` minus that at ``early`` (each a ``window`` of positions
+    ending there, the positions capped to the texts' length, early to a tenth of it): how much
+    more predictable text becomes with more context before it (negative)."""
     n = ids.shape[1] - 1
-    late, early = min(late, n - 1), min(early, max(1, n // 10))
+    late = min(late, n)
+    early = max(window, min(early, n // 10))
     with torch.no_grad():
         logits = model(ids[:, :-1]).float()
     losses = nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-    return float(losses[:, late].mean() - losses[:, early].mean())
+    return float(losses[:, late - window : late].mean() - losses[:, early - window : early].mean())
 
 
 def watch_heads(model: nn.Module, names: list[str], length: int, *, seed: int = 0) -> dict:

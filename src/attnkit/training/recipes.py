@@ -13,6 +13,7 @@
     tokenizer = "char"             # "char" | "bpe" (then vocab_size)
     block_size = 256               # tokens per training sequence (lm), per side of a pair
                                    # (translation), per text (classification)
+    # repeat = 0.5                 # lm: blocks with a passage written twice (induction)
 
     [model]                        # "preset" (optional) + any ModelConfig field
     d_model = 256                  # vocab_size comes from the tokenizer; max_len defaults
@@ -111,6 +112,7 @@ class DataConfig:
     min_freq: int = 1  # char: characters seen fewer times in train become <unk>
     block_size: int = 256  # tokens per training sequence (the context; per side / per text)
     max_chars: int = 0  # lm: read only the first max_chars characters of each split (0 = all)
+    repeat: float = 0.0  # lm: the share of training blocks that are a passage written twice
     max_examples: int = 0  # translation, classification: the first N of each split (0 = all)
     val_fraction: float = 0.05  # of the examples (chunks, lines, pairs), chosen by hash
     test_fraction: float = 0.05
@@ -133,6 +135,8 @@ class DataConfig:
         ):
             if getattr(self, name) < minimum:
                 raise ValueError(f"data.{name} must be >= {minimum}, got {getattr(self, name)}")
+        if not isinstance(self.repeat, int | float) or not 0 <= self.repeat <= 1:
+            raise ValueError(f"data.repeat must be a number in [0, 1], got {self.repeat!r}")
         for name in ("val_fraction", "test_fraction"):
             if not 0 < getattr(self, name) < 0.5:
                 raise ValueError(f"data.{name} must be in (0, 0.5), got {getattr(self, name)}")
@@ -426,7 +430,9 @@ def build_task(recipe: Recipe, tokenizer=None) -> tuple[Task, Any]:
             streams[split] = stream
         # a pretrained tokenizer's pad id may be a real token (GPT-2 pads with <|endoftext|>)
         pad = -100 if recipe.model.get("init") else tokenizer.pad_id
-        task = LanguageModelTask(streams, data.block_size, seed=seed, pad_id=pad)
+        task = LanguageModelTask(
+            streams, data.block_size, seed=seed, pad_id=pad, repeat=data.repeat
+        )
         return task, tokenizer
     examples = load_examples(data)
     if recipe.task == "translation":

@@ -146,6 +146,11 @@ class LanguageModelTask(Task):
     held-out blocks in one fixed random order (seeded), so ``max_batches=k`` is the same k
     batches every time, an unbiased sample of the whole split.
 
+    ``repeat`` (0 to 1) is the share of training blocks, drawn from ``(seed, epoch, index)``,
+    in which a passage of the block's first tokens is written again at a random later place:
+    only copying from earlier in the context predicts the second copy (the practice that makes
+    induction heads form within minutes; validation blocks stay as they are).
+
     Metrics: ``loss`` (mean cross entropy in nats per token, no smoothing), ``perplexity``
     = exp(loss), ``bits_per_token`` = loss / ln 2, ``tokens`` counted.
     """
@@ -154,14 +159,20 @@ class LanguageModelTask(Task):
     family = "decoder-only"
 
     def __init__(
-        self, streams: Mapping[str, Tensor], block_size: int, *, seed: int = 0, pad_id: int = 0
+        self,
+        streams: Mapping[str, Tensor],
+        block_size: int,
+        *,
+        seed: int = 0,
+        pad_id: int = 0,
+        repeat: float = 0.0,
     ) -> None:
         if "train" not in streams or "validation" not in streams:
             raise ValueError(
                 f"LanguageModelTask: streams must hold 'train' and 'validation', got "
                 f"{sorted(streams)}"
             )
-        self.block_size, self.seed, self.pad_id = block_size, seed, pad_id
+        self.block_size, self.seed, self.pad_id, self.repeat = block_size, seed, pad_id, repeat
         self.blocks: dict[str, PackedBlocks] = {}
         for split, stream in streams.items():
             if len(stream) < block_size + 1:
@@ -188,7 +199,25 @@ class LanguageModelTask(Task):
 
     def train_batch(self, epoch: int, index: int, batch_size: int) -> Batch:
         x, y = self.blocks["train"].batch(epoch, index, batch_size)  # (B, T), (B, T)
+        if self.repeat:
+            x, y = self._repeated(x, y, epoch, index)
         return {"input_ids": x, "labels": y}
+
+    def _repeated(self, x: Tensor, y: Tensor, epoch: int, index: int) -> tuple[Tensor, Tensor]:
+        """``self.repeat`` of the rows, each with a passage of its first tokens (1/8 to 1/2 of
+        the block) written again at a random later place: where it comes only matching the
+        passage's content, not a fixed distance, predicts it."""
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) % 2**63)
+        text = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1)
+        n = text.shape[1]
+        for row in range(text.shape[0]):
+            draws = torch.rand(3, generator=generator).tolist()
+            if draws[0] >= self.repeat:
+                continue
+            length = max(1, int(n / 8 + draws[1] * (n / 2 - n / 8)))
+            at = length + int(draws[2] * (n - 2 * length))
+            text[row, at : at + length] = text[row, :length].clone()
+        return text[:, :-1], text[:, 1:]
 
     def loss(self, model: nn.Module, batch: Batch, *, smoothing: float = 0.0) -> tuple[Tensor, int]:
         labels = batch["labels"]  # (B, T)

@@ -384,12 +384,13 @@ class Trainer:
         in-context-learning score (:mod:`attnkit.explain.circuits`)."""
         from attnkit.explain.circuits import in_context_score, watch_heads
 
-        x, y = next(self.task.eval_batches("validation", self.config.batch_size, 1))
-        texts = torch.cat([x, y[:, -1:]], dim=1).to(self.device)  # (B, T + 1)
+        batches = self.task.eval_batches("validation", self.config.batch_size, 4)
+        texts = torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in batches])  # (R, T + 1)
+        texts = texts.to(self.device)
         was_training = self.model.training
         self.model.eval()
         try:
-            heads = watch_heads(self.model, self.config.watch, x.shape[1])
+            heads = watch_heads(self.model, self.config.watch, texts.shape[1] - 1)
             return {"heads": heads, "in_context": round(in_context_score(self.model, texts), 4)}
         finally:
             self.model.train(was_training)
