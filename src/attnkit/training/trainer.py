@@ -86,6 +86,7 @@ from attnkit.training.finetune import freeze
 from attnkit.training.metrics import MetricsLog, format_time, plot_loss_curve
 from attnkit.training.schedules import make_schedule
 from attnkit.training.tasks import Task
+from attnkit.training.watch import check_watch, watched
 
 __all__ = ["PRECISIONS", "TrainConfig", "TrainResult", "Trainer", "TrainingDiverged"]
 
@@ -129,11 +130,7 @@ class Trainer:
             raise TypeError(f"Trainer: config must be a TrainConfig, got {type(config).__name__}")
         if strategy not in STRATEGIES:
             raise ValueError(f"Trainer: strategy must be one of {STRATEGIES}, got {strategy!r}")
-        if config.watch and not hasattr(task, "eval_batches"):
-            raise ValueError(
-                f"train.watch: head scores are recorded for language models (task 'lm'), not "
-                f"task {task.name!r}"
-            )
+        check_watch(task, config.watch)
         self.model, self.task, self.config = model, task, config
         self.run_dir = Path(run_dir)
         self.dist = init_distributed()  # a single process unless torchrun started this one
@@ -363,14 +360,13 @@ class Trainer:
         return value, total
 
     def _validate(self) -> dict[str, float]:
-        config = self.config
-        result = self.evaluate("validation", config.eval_batches or None)
+        result = self.evaluate("validation", self.config.eval_batches or None)
         self.state.last_validation = result
         record = {"split": "validation", "step": self.state.step, "epoch": self.state.epoch}
-        if config.watch and self.dist.is_main:
-            record.update(self._watch())
         if self.dist.is_main:
-            self.metrics.append({**record, **result, "elapsed_s": round(self.state.elapsed_s, 2)})
+            heads = watched(self.model, self.task, self.config, self.device)  # train.watch
+            record.update(heads, **result, elapsed_s=round(self.state.elapsed_s, 2))
+            self.metrics.append(record)
         extra = "".join(
             f"  {k} {v:.4g}"
             for k, v in result.items()
@@ -378,22 +374,6 @@ class Trainer:
         )
         self._say(f"step {self.state.step}: validation loss {result['loss']:.4f}{extra}")
         return result
-
-    def _watch(self) -> dict:
-        """What ``train.watch`` records at an evaluation: each head's detector scores and the
-        in-context-learning score (:mod:`attnkit.explain.circuits`)."""
-        from attnkit.explain.circuits import in_context_score, watch_heads
-
-        batches = self.task.eval_batches("validation", self.config.batch_size, 4)
-        texts = torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in batches])  # (R, T + 1)
-        texts = texts.to(self.device)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            heads = watch_heads(self.model, self.config.watch, texts.shape[1] - 1)
-            return {"heads": heads, "in_context": round(in_context_score(self.model, texts), 4)}
-        finally:
-            self.model.train(was_training)
 
     def fit(self, until: int | None = None) -> TrainResult:
         """Train to ``config.steps`` (or stop early at step ``until``); save; return how it
