@@ -202,7 +202,7 @@ def test_the_command_prints_every_heads_scores_and_refuses_in_one_line(tmp_path,
     linear = ak.ModelConfig.preset("tiny", vocab_size=64, n_layers=2, attention="linear")
     ak.DecoderLM(linear).save_pretrained(tmp_path / "linear")
     for args, says in (
-        (["explain", "circuits"], "give MODEL"),
+        (["explain", "circuits"], "required: MODEL"),
         (["explain", "circuits", str(tmp_path / "linear")], "linear attention"),
         (["explain", "circuits", str(tmp_path / "lm"), "--repeat", "1"], "--repeat"),
         (["explain", "circuits", str(tmp_path / "nothing")], "MODEL"),

@@ -501,6 +501,36 @@ def _cli(argv, capsys):
     return status, captured.out, captured.err
 
 
+def _options(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"^  (--[a-z-]+)", text, flags=re.MULTILINE))
+
+
+def test_each_explain_method_help_lists_only_its_own_options(capsys):
+    """`attnkit explain METHOD --help` shows the options METHOD reads, and no other method's."""
+    own = {
+        "": {"--model", "--preset", "--seed", "--layer", "--head", "--query", "--dims",
+             "--scores", "--tokens", "--d-k", "--causal"},
+        "scaling": {"--seed", "--png", "--svg"},
+        "complexity": {"--budget", "--threads", "--png", "--svg"},
+        "circuits": {"--repeat", "--seed", "--json", "--png", "--svg", "--html"},
+        "lens": {"--model", "--preset", "--seed", "--family", "--query", "--answer", "--png",
+                 "--svg", "--html"},
+        "heads": {"--model", "--preset", "--seed", "--family", "--answer", "--versus",
+                  "--label", "--mode", "--target", "--stack", "--png", "--svg", "--html"},
+        "attribute": {"--model", "--preset", "--seed", "--family", "--answer", "--versus",
+                      "--label", "--method", "--steps", "--target", "--stack", "--png", "--svg",
+                      "--html"},
+    }  # fmt: skip
+    for method, options in own.items():
+        with pytest.raises(SystemExit):
+            _cli(["explain", *filter(None, [method]), "--help"], capsys)
+        out = capsys.readouterr().out
+        assert _options(out) == options, method
+        assert f"usage: attnkit explain {method}".rstrip() in out
+
+
 def test_explain_rollout_and_flow_print_the_views_and_draw_png_and_svg(capsys, tmp_path):
     png, svg = tmp_path / "flow.png", tmp_path / "flow.svg"
     argv = ["explain", "flow", SNAKE, "--query", "蛇", "--png", str(png), "--svg", str(svg)]
@@ -538,7 +568,7 @@ def test_explain_lens_heads_patch_and_attribute_on_every_family(capsys, tmp_path
     ("argv", "message"),
     [
         (["explain", "rollout", "   "], "TEXT is empty"),
-        (["explain", "lens"], "give TEXT"),
+        (["explain", "lens"], "required: TEXT"),
         (["explain", "lens", SNAKE, "--family", "encoder"], "needs a decoder-only model"),
         (["explain", "rollout", SNAKE, "--query", "龙"], "--query: '龙' is not one of"),
         (["explain", "patch", SNAKE], "give --corrupted TEXT"),
@@ -549,7 +579,7 @@ def test_explain_lens_heads_patch_and_attribute_on_every_family(capsys, tmp_path
         (["explain", "attribute", SNAKE, "--steps", "0"], "--steps: must be a positive"),
         (["explain", "attribute", "a b", "--family", "encoder-decoder"], "needs --target"),
         (["explain", "rollout", SNAKE, "--png", "x.jpg"], "must end in .png"),
-        (["explain", "scaling", SNAKE], "'scaling' is not a method"),
+        (["explain", "scaling", SNAKE], "unrecognized arguments"),
     ],
 )
 def test_explain_methods_refuse_bad_input_in_one_line(capsys, argv, message):

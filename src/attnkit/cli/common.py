@@ -15,7 +15,26 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+    """argparse, but a usage error is one line (no usage dump) and exit status 2.
+
+    ``routes`` names parsers of their own: when the first argument is one of these names, the
+    rest goes to that parser (``attnkit explain circuits ...``), so that each one's --help lists
+    only its own options; anything else is this parser's (``attnkit explain "今天 下雨"``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes: dict[str, argparse.ArgumentParser] = {}
+
+    def route(self, name: str, **kwargs) -> Parser:
+        """A parser for ``PROG NAME ...``, taking the arguments after NAME."""
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        self.routes[name] = Parser(prog=f"{self.prog} {name}", **kwargs)
+        return self.routes[name]
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if args and args[0] in self.routes:
+            return self.routes[args[0]].parse_known_args(args[1:], namespace)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")

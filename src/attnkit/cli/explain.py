@@ -69,9 +69,6 @@ def _explain_complexity(args: argparse.Namespace) -> None:
     draw(args, lambda path: plot_complexity(rows, path))
 
 
-TOPICS = {"scaling": _explain_scaling, "complexity": _explain_complexity}
-
-
 def _explain_text(args: argparse.Namespace) -> None:
     """One head's attention over a sentence, every number shown (explain.trace)."""
     from attnkit.explain.trace import format_trace, trace_attention
@@ -79,7 +76,7 @@ def _explain_text(args: argparse.Namespace) -> None:
     if args.dims < 1:
         raise UsageError(f"--dims: must be a positive integer, got {args.dims}")
     family = DecoderLM if args.causal is not None else EncoderModel
-    model, [(ids, tokens)] = tokenize_for(args.model, [args.topic], args.preset, args.seed, family)
+    model, [(ids, tokens)] = tokenize_for(args.model, [args.text], args.preset, args.seed, family)
     if not ids:
         raise UsageError("explain: the text gives no tokens")
     query = None
@@ -104,31 +101,69 @@ def _explain_text(args: argparse.Namespace) -> None:
     print(format_trace(trace, dims=args.dims, query=query))
 
 
+def _draw_options(parser) -> None:
+    parser.add_argument("--png", metavar="FILE", help="also draw the plot here (PNG)")
+    parser.add_argument("--svg", metavar="FILE", help="also draw the plot here (SVG, vector)")
+
+
+def _register_topics(explain) -> None:
+    """``attnkit explain scaling`` and ``complexity``: measurements, not a model's numbers."""
+    scaling = explain.route(
+        "scaling",
+        description="Why attention divides the scores by sqrt(d_k): Var[q.k] = d_k for "
+        "unit-variance q and k (measured for several d_k), and what the softmax does to the "
+        "scores with and without the scaling.",
+        epilog="example:\n  attnkit explain scaling --png runs/scaling.png",
+    )
+    scaling.add_argument("--seed", type=int, default=0, help="the random seed (default 0)")
+    _draw_options(scaling)
+    scaling.set_defaults(handler=_explain_scaling)
+    complexity = explain.route(
+        "complexity",
+        description="Time attention (math, fused, sliding-window, linear) forward and backward "
+        "as the length N grows, and fit the exponent of N: about 2 for full attention, 1 for "
+        "the window and linear ones.",
+        epilog="example:\n  attnkit explain complexity --budget 20 --png runs/complexity.png",
+    )
+    complexity.add_argument(
+        "--budget", type=float, default=60.0, help="seconds per variant (default 60)"
+    )
+    complexity.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads while timing (default 1: steadier when busy)",
+    )
+    _draw_options(complexity)
+    complexity.set_defaults(handler=_explain_complexity)
+
+
 def register(commands) -> None:
-    """``attnkit explain``: the numbers inside attention."""
+    """``attnkit explain``: the numbers inside attention; each method a parser of its own."""
+    from attnkit.cli import explain_circuits
+
     explain = commands.add_parser(
         "explain",
-        help="show the numbers inside attention: a softmax table, a causal mask",
+        help="show the numbers inside attention: a softmax table, a causal mask, head scores",
+        usage="attnkit explain [TEXT] [options]\n       attnkit explain METHOD ... "
+        "(attnkit explain METHOD --help)",
         description=(
             "Show the numbers inside attention. With a TEXT, trace one head of a model over "
             "it: Q, K, V, the scores, their scaling by sqrt(d_k), the mask, the softmax weights "
             "and the output (a small untrained model unless --model is given). --scores prints "
             "the softmax of one row of attention scores (score, exp, weight; the weights sum to "
-            "1). --causal N prints the look-ahead mask of size N as it is added to the scores. "
-            "'attnkit explain scaling' measures why the scores are divided by sqrt(d_k): "
-            "Var[q.k] = d_k for unit-variance q and k, and what the softmax does with and "
-            "without the scaling. 'attnkit explain complexity' times attention (math, fused, "
-            "window, linear) as N grows and fits the exponent of N. 'attnkit explain circuits "
-            "MODEL [TEXT]' scores every head: previous-token, duplicate-token and induction "
-            "(on random tokens repeated), how much it copies (its OV circuit's eigenvalues) and "
-            "how the heads of successive layers compose (Q, K, V).\n\n"
-            "Beyond the raw weights, a method and a TEXT: 'rollout' and 'flow' follow the "
-            "attention down through every layer to the input tokens (Abnar & Zuidema); 'lens' "
-            "reads a decoder's prediction after every layer (the logit lens); 'heads' ablates "
-            "each head and 'patch' copies activations from TEXT into --corrupted, measuring "
-            "what the output loses or regains; 'attribute' scores each input token by "
-            "integrated gradients or input x gradient (Captum). Every picture can be written as "
-            "PNG (--png) and SVG (--svg)."
+            "1). --causal N prints the look-ahead mask of size N as it is added to the scores."
+            "\n\nMethods, each with options of its own (attnkit explain METHOD --help):\n"
+            "  scaling     why the scores are divided by sqrt(d_k)\n"
+            "  complexity  attention's time as N grows, and the exponent of N\n"
+            "  circuits    every head scored: previous-token, duplicate-token, induction, "
+            "copying,\n              composition; or a training run's heads as they formed\n"
+            "  rollout     attention followed down through every layer (Abnar & Zuidema)\n"
+            "  flow        the same as a maximum flow\n"
+            "  lens        a decoder's prediction read after every layer (the logit lens)\n"
+            "  heads       each head ablated: what the output loses\n"
+            "  patch       activations copied from TEXT into --corrupted: what comes back\n"
+            "  attribute   each input token scored by its gradients (Captum)"
         ),
         epilog=(
             "examples:\n"
@@ -138,28 +173,20 @@ def register(commands) -> None:
             "  attnkit explain --scores 2,8,4 --d-k 16\n"
             "  attnkit explain --causal 4\n"
             "  attnkit explain scaling --png runs/scaling.png\n"
-            "  attnkit explain complexity --budget 20 --png runs/complexity.png\n"
             "  attnkit explain circuits smollm2 --png runs/circuits.png\n"
             + explain_methods.EXAMPLES
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument(
-        "topic",
-        nargs="?",
-        metavar="TEXT_OR_TOPIC",
-        help="a sentence to trace through one attention head, a topic (scaling, complexity) or "
-        "a method (" + ", ".join(explain_methods.METHODS) + ") followed by TEXT",
-    )
-    explain.add_argument(
-        "text", nargs="?", metavar="TEXT", help="with a method: the text; with 'circuits': MODEL"
-    )
-    explain.add_argument(
-        "more", nargs="?", metavar="TEXT", help="with 'circuits': a text to score heads on"
+        "text", nargs="?", metavar="TEXT", help="a sentence to trace through one attention head"
     )
     explain.add_argument("--model", metavar="PATH", help="with TEXT: a model directory to trace")
     explain.add_argument(
         "--preset", default="tiny", help="with TEXT and no --model: an untrained preset (tiny)"
+    )
+    explain.add_argument(
+        "--seed", type=int, default=0, help="with TEXT and no --model: the weights' seed (0)"
     )
     explain.add_argument("--layer", type=int, default=0, help="with TEXT: the layer (default 0)")
     explain.add_argument("--head", type=int, default=0, help="with TEXT: the head (default 0)")
@@ -183,64 +210,25 @@ def register(commands) -> None:
         metavar="N",
         help="print the causal mask of size N; with TEXT, use a causal (decoder) model",
     )
-    explain.add_argument(
-        "--png", metavar="FILE", help="with a topic or method: also draw the plot here"
-    )
-    explain.add_argument(
-        "--seed", type=int, default=0, help="with 'scaling' and 'circuits': the random seed"
-    )
-    explain.add_argument(
-        "--repeat",
-        type=int,
-        default=50,
-        metavar="N",
-        help="with 'circuits': induction is measured on N random tokens, repeated (default 50)",
-    )
-    explain.add_argument(
-        "--json", action="store_true", help="with 'circuits': every head's scores as JSON"
-    )
-    explain.add_argument(
-        "--budget", type=float, default=60.0, help="with 'complexity': seconds per variant"
-    )
-    explain.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="with 'complexity': torch threads while timing (default 1: steadier when busy)",
-    )
-    explain_methods.add_arguments(explain)
     explain.set_defaults(handler=run)
+    _register_topics(explain)
+    explain_circuits.register(explain)
+    explain_methods.register(explain)
 
 
 def run(args: argparse.Namespace) -> None:
     # attnkit.explain loads matplotlib (0.8 s): only the commands that use it import it
     from attnkit.explain.softmax import explain_causal, explain_softmax
 
-    if args.topic is not None:
-        if args.topic == "circuits":
-            from attnkit.cli.explain_circuits import run as circuits
-
-            circuits(args)
-        elif args.topic in explain_methods.METHODS:
-            explain_methods.run_method(args)
-        elif args.text is not None:
-            raise UsageError(
-                f"explain: {args.topic!r} is not a method ({', '.join(explain_methods.METHODS)}); "
-                "quote a sentence to trace it"
-            )
-        elif args.topic in TOPICS:
-            TOPICS[args.topic](args)
-        else:
-            _explain_text(args)
+    if args.text is not None:
+        _explain_text(args)
         return
-    if args.png or args.svg:
-        raise UsageError("--png and --svg go with a topic ('attnkit explain scaling --png FILE')")
     if args.causal == 0 and args.scores is None:
         raise UsageError("--causal: give the mask size N (or a TEXT to trace causally)")
     if args.scores is None and args.causal is None:
         raise UsageError(
-            "explain: give --scores S1,S2,..., --causal N or a topic such as 'scaling' "
-            "(see 'attnkit explain --help')"
+            "explain: give --scores S1,S2,..., --causal N, a TEXT or a METHOD such as "
+            "'scaling' (see 'attnkit explain --help')"
         )
     parts = []
     if args.scores is not None:

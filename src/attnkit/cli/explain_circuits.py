@@ -41,12 +41,60 @@ def _pairs(scores: torch.Tensor, count: int = TOP) -> list[tuple[str, float]]:
     return out
 
 
+def register(explain) -> None:
+    """``attnkit explain circuits``'s parser."""
+    parser = explain.route(
+        "circuits",
+        description="Score every head of a model: previous-token, duplicate-token and "
+        "induction (TransformerLens' detectors; induction on random tokens written twice, with "
+        "the loss per token on each copy), how much it copies (the eigenvalues of its OV "
+        "circuit W_E W_V W_O W_U) and how the heads of successive layers compose (Q, K and V "
+        "composition). The strongest heads' attention patterns are drawn with --png and in the "
+        "--html report. Long texts (up to 8,192 tokens and past) are scored block by block of "
+        "queries, in bounded memory. Given a training run's directory instead (train.watch in "
+        "its recipe), show its heads' scores against the step, under the loss curve.",
+        epilog="examples:\n"
+        "  attnkit explain circuits smollm2\n"
+        "  attnkit explain circuits smollm2 --png runs/circuits.png --html runs/circuits.html\n"
+        '  attnkit explain circuits smollm2 "$(cat notes.txt)" --json\n'
+        "  attnkit explain circuits runs/induction --png runs/induction/heads.png",
+    )
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a shipped model's name (smollm2, gemma3, minilm), a model directory, a .gguf "
+        "file, or a training run's directory",
+    )
+    parser.add_argument(
+        "more",
+        nargs="?",
+        metavar="TEXT",
+        help="a text to measure previous- and duplicate-token on (default: the random tokens)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=50,
+        metavar="N",
+        help="induction is measured on N random tokens, written twice (default 50)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the random tokens' seed (0)")
+    parser.add_argument("--json", action="store_true", help="every head's scores as JSON")
+    parser.add_argument("--png", metavar="FILE", help="also draw the scores as PNG")
+    parser.add_argument("--svg", metavar="FILE", help="also draw the scores as SVG (vector)")
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the offline report: the table, the pictures and the strongest heads' "
+        "attention patterns",
+    )
+    parser.set_defaults(handler=run)
+
+
 def run(args: argparse.Namespace) -> None:
     from attnkit.explain.circuits import DETECTORS, circuit_scores
 
-    source = args.text or args.model
-    if source is None:
-        raise UsageError("explain circuits: give MODEL, e.g. attnkit explain circuits smollm2")
+    source = args.model
     if args.repeat < 2:
         raise UsageError(f"--repeat: at least 2 tokens, got {args.repeat}")
     if (Path(source) / "metrics.jsonl").is_file():

@@ -19,6 +19,7 @@ METHODS = ("rollout", "flow", "lens", "heads", "patch", "attribute")
 EXAMPLES = (
     '  attnkit explain rollout "The animal didn\'t cross the street because it was too tired." '
     "--model smollm2 --query it\n"
+    '  attnkit explain flow "今天 下雨 我 没 带 伞" --query 伞\n'
     '  attnkit explain lens "The capital of France is" --model smollm2\n'
     "  attnkit explain heads \"The animal didn't cross the street because it was too tired. "
     'It was the" --model smollm2 --answer animal --versus street\n'
@@ -28,61 +29,136 @@ EXAMPLES = (
 )
 
 
-def add_arguments(explain: argparse.ArgumentParser) -> None:
-    """The options of the methods (the rest of ``attnkit explain`` is in explain.py)."""
-    group = explain.add_argument_group(
-        "with a method (rollout, flow, lens, heads, patch, attribute) and TEXT"
-    )
-    group.add_argument(
-        "--family",
-        choices=["encoder", "decoder", "classifier", "encoder-decoder"],
-        help="without --model: the untrained family to build (default: decoder for lens, heads, "
-        "patch and attribute; encoder for rollout and flow)",
-    )
-    group.add_argument("--target", metavar="TEXT", help="an encoder-decoder's output text")
-    group.add_argument(
-        "--corrupted",
-        metavar="TEXT",
-        help="patch: the corrupted text (as many tokens as TEXT; e.g. 'too wide' for 'too tired')",
-    )
-    group.add_argument(
-        "--answer",
-        metavar="TOKEN",
-        help="decoder: the next token whose log-probability is measured (default: the top "
-        "prediction after TEXT)",
-    )
-    group.add_argument(
-        "--versus",
-        metavar="TOKEN",
-        help="decoder: measure log p(answer) - log p(TOKEN) instead (a logit difference)",
-    )
-    group.add_argument(
-        "--label", type=int, help="classifier: the class measured (default: the predicted one)"
-    )
-    group.add_argument(
-        "--mode", choices=["zero", "mean"], default="zero", help="heads: the ablation (zero)"
-    )
-    group.add_argument(
-        "--method",
-        choices=["integrated_gradients", "input_x_gradient"],
-        default="integrated_gradients",
-        help="attribute: the gradient method (default integrated_gradients)",
-    )
-    group.add_argument(
-        "--steps", type=int, default=50, help="attribute: integrated gradients' steps (50)"
-    )
-    group.add_argument(
-        "--stack",
-        choices=["encoder", "decoder"],
-        help="encoder-decoder: which stack (default: encoder for rollout and flow, else decoder)",
-    )
-    group.add_argument("--svg", metavar="FILE", help="also draw the result as SVG (vector)")
-    group.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write the offline report: the printed tables, the pictures (a PNG beside "
-        "the report unless --png), every layer and head of the text's attention and its rollout",
-    )
+# each method: what it does, and the options it takes beyond TEXT, --model, --preset, --seed,
+# --family, --png, --svg and --html (every method's)
+DESCRIPTIONS = {
+    "rollout": "Follow the attention down through every layer to the input tokens: attention "
+    "rollout (Abnar & Zuidema), the product of every layer's head-averaged weights with the "
+    "residual counted, beside the top layer's raw weights.",
+    "flow": "Attention flow (Abnar & Zuidema): the same layers as rollout, read as a graph "
+    "whose edges carry the weights, and each input token's share of a position as a maximum "
+    "flow (slower than rollout).",
+    "lens": "The logit lens: a decoder's prediction of the next token read after every layer, "
+    "through the final norm and the LM head.",
+    "heads": "Ablate each head in turn (zero or its mean) and measure what the output loses: "
+    "log p(answer), a logit difference with --versus, a class or a target's log-probability.",
+    "patch": "Activation patching: run --corrupted, copy one activation from TEXT's run into "
+    "it at a time (a layer's residual stream at a position, or a head), and measure how much "
+    "of the clean output comes back.",
+    "attribute": "Score each input token by the gradient of the output measured with respect "
+    "to its embedding: integrated gradients or input x gradient (Captum).",
+}
+OWN = {
+    "rollout": ("query", "target", "stack"),
+    "flow": ("query", "target", "stack"),
+    "lens": ("query", "answer"),
+    "heads": ("answer", "versus", "label", "mode", "target", "stack"),
+    "patch": ("corrupted", "answer", "versus", "label", "target", "stack"),
+    "attribute": ("answer", "versus", "label", "method", "steps", "target", "stack"),
+}
+OPTIONS = {
+    "query": (
+        ("--query",),
+        {
+            "metavar": "TOKEN",
+            "help": "the position to read (a token, TOKEN#k for its k-th occurrence, or an "
+            "index; lens: default the last)",
+        },
+    ),
+    "target": (("--target",), {"metavar": "TEXT", "help": "an encoder-decoder's output text"}),
+    "stack": (
+        ("--stack",),
+        {
+            "choices": ["encoder", "decoder"],
+            "help": "encoder-decoder: which stack (default: the decoder; for rollout and flow, "
+            "the encoder)",
+        },
+    ),
+    "corrupted": (
+        ("--corrupted",),
+        {
+            "metavar": "TEXT",
+            "help": "the corrupted text (as many tokens as TEXT; e.g. 'too wide' for 'too tired')",
+        },
+    ),
+    "answer": (
+        ("--answer",),
+        {
+            "metavar": "TOKEN",
+            "help": "decoder: the next token whose log-probability is measured (default: the "
+            "top prediction after TEXT)",
+        },
+    ),
+    "versus": (
+        ("--versus",),
+        {
+            "metavar": "TOKEN",
+            "help": "decoder: measure log p(answer) - log p(TOKEN) instead (a logit difference)",
+        },
+    ),
+    "label": (
+        ("--label",),
+        {"type": int, "help": "classifier: the class measured (default: the predicted one)"},
+    ),
+    "mode": (
+        ("--mode",),
+        {"choices": ["zero", "mean"], "default": "zero", "help": "the ablation (zero)"},
+    ),
+    "method": (
+        ("--method",),
+        {
+            "choices": ["integrated_gradients", "input_x_gradient"],
+            "default": "integrated_gradients",
+            "help": "the gradient method (default integrated_gradients)",
+        },
+    ),
+    "steps": (
+        ("--steps",),
+        {"type": int, "default": 50, "help": "integrated gradients' steps (50)"},
+    ),
+}
+
+
+def register(explain) -> None:
+    """A parser per method, each with the options it reads (and the others' set to None, so
+    the shared code finds them unset)."""
+    for method in METHODS:
+        parser = explain.route(
+            method,
+            description=DESCRIPTIONS[method],
+            epilog="examples:\n"
+            + "\n".join(line for line in EXAMPLES.splitlines() if f"explain {method} " in line),
+        )
+        parser.add_argument("text", metavar="TEXT", help="the text")
+        parser.add_argument("--model", metavar="PATH", help="a model directory or .gguf file")
+        parser.add_argument(
+            "--preset", default="tiny", help="without --model: an untrained preset (tiny)"
+        )
+        parser.add_argument(
+            "--seed", type=int, default=0, help="without --model: the weights' seed (0)"
+        )
+        parser.add_argument(
+            "--family",
+            choices=["encoder", "decoder", "classifier", "encoder-decoder"],
+            help="without --model: the untrained family to build (default "
+            + ("encoder" if method in ("rollout", "flow") else "decoder")
+            + ")",
+        )
+        for name in OWN[method]:
+            flags, options = OPTIONS[name]
+            parser.add_argument(*flags, **options)
+        parser.add_argument("--png", metavar="FILE", help="also draw the result as PNG")
+        parser.add_argument("--svg", metavar="FILE", help="also draw the result as SVG (vector)")
+        parser.add_argument(
+            "--html",
+            metavar="FILE",
+            help="also write the offline report: the printed tables, the pictures (a PNG "
+            "beside the report unless --png), every layer and head of the text's attention and "
+            "its rollout",
+        )
+        parser.set_defaults(
+            handler=run_method, topic=method, **{n: None for n in OPTIONS if n not in OWN[method]}
+        )
 
 
 def _report(args, printed: str) -> None:
@@ -117,8 +193,6 @@ def _report(args, printed: str) -> None:
 
 
 def run_method(args: argparse.Namespace) -> None:
-    if args.text is None:
-        raise UsageError(f"explain {args.topic}: give TEXT, e.g. {EXAMPLES.splitlines()[0]}")
     args.drawn = []
     if args.html and not args.png:
         if Path(args.html).suffix.lower() not in (".html", ".htm"):
