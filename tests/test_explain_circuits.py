@@ -16,6 +16,7 @@ from attnkit.explain.circuits import (
     detector_scores,
     head_weights,
     ov_copying_scores,
+    weight_shares,
 )
 from test_explain_methods import _gpt2_dir
 
@@ -142,6 +143,9 @@ def test_a_hand_built_induction_head_is_found_and_a_random_model_is_not():
     assert scores["induction"][1, 0] > 0.9  # layer 1: the induction head
     assert scores["previous-token"][1, 0] < 0.1 and scores["duplicate-token"][1, 0] < 0.1
     assert scores["induction"][0, 0] < 0.1 and scores["duplicate-token"][0, 0] < 0.1
+    shares = weight_shares(attentions[1][0], ids[0])  # where the induction head looks
+    assert shares["induction"] > 0.9 and shares["previous-token"] < 0.1
+    assert weight_shares(attentions[0][0], ids[0])["previous-token"] > 0.9
     composition = composition_scores(model)
     # K-composition: layer 0 writes the block layer 1's keys read (1 / sqrt(32) for two aligned
     # rank-32 maps), and nothing its queries or values read
@@ -191,13 +195,16 @@ def test_the_command_prints_every_heads_scores_and_refuses_in_one_line(tmp_path,
     assert len(scores["composition"]["K"]) == 64 and "0.1>1.2" in scores["composition"]["K"]
     assert scores["loss"]["second"] > 0
 
-    png = tmp_path / "circuits.png"
-    assert (
-        main(["explain", "circuits", str(tmp_path / "lm"), "--repeat", "10", "--png", str(png)])
-        == 0
-    )
+    png, svg, html = (tmp_path / f"circuits.{e}" for e in ("png", "svg", "html"))
+    argv = ["explain", "circuits", str(tmp_path / "lm"), "--repeat", "10", "--png", str(png)]
+    assert main([*argv, "--svg", str(svg), "--html", str(html)]) == 0
     shown = capsys.readouterr().out
     assert "induction" in shown and "K-composition" in shown and png.stat().st_size > 10_000
+    assert "where each best head's attention goes" in shown and svg.stat().st_size > 10_000
+    page = html.read_text()
+    assert "circuits.png" in page and "strongest heads (layer.head score)" in page
+    for name in DETECTORS:  # each detector's best head, its attention over the 21 tokens
+        assert f'"name": "{name}: head ' in page or f"{name}: head " in page, name
 
     linear = ak.ModelConfig.preset("tiny", vocab_size=64, n_layers=2, attention="linear")
     ak.DecoderLM(linear).save_pretrained(tmp_path / "linear")

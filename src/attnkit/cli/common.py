@@ -192,7 +192,8 @@ def load_tokenizer(path: str, option: str):
 
 def tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: int, family):
     """(model, [(ids, tokens) per text]): a saved model with its tokenizer, or an untrained
-    preset of the given family whose vocabulary is the texts' words (or characters)."""
+    preset of the given family whose vocabulary is the texts' words (or characters), its
+    positions as many as the longest text's."""
     if model_path:
         model = load_model(model_path, "--model")
         tokenizer = load_tokenizer(model_path, "--model")
@@ -208,7 +209,8 @@ def tokenize_for(model_path: str | None, texts: list[str], preset: str, seed: in
     split = [t.split() if " " in t.strip() else list(t.strip()) for t in texts]
     vocab = {tok: i + 5 for i, tok in enumerate(dict.fromkeys(x for toks in split for x in toks))}
     try:
-        cfg = ModelConfig.preset(preset, vocab_size=max(512, len(vocab) + 5))
+        longest = max(ModelConfig.preset(preset).max_len, *(len(toks) for toks in split))
+        cfg = ModelConfig.preset(preset, vocab_size=max(512, len(vocab) + 5), max_len=longest)
     except ValueError as error:
         raise UsageError(f"--preset: {error}") from None
     torch.manual_seed(seed)

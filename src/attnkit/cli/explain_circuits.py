@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from attnkit.cli.common import UsageError, load_model, load_tokenizer
+from attnkit.cli.explain_subject import draw
 
 TOP = 5  # heads (or pairs) named per score
 
@@ -92,7 +93,7 @@ def register(explain) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from attnkit.explain.circuits import DETECTORS, circuit_scores
+    from attnkit.explain.circuits import circuit_scores
 
     source = args.model
     if args.repeat < 2:
@@ -114,57 +115,125 @@ def run(args: argparse.Namespace) -> None:
         if ids.shape[1] < 2:
             raise UsageError(f"TEXT: {ids.shape[1]} token; the scores need at least 2")
     bos = getattr(model.cfg, "bos_id", None)
-    scores = circuit_scores(model, ids, half=args.repeat, seed=args.seed, bos=bos)
-    detectors, copying = scores["detectors"], scores["copying"]
+    try:
+        scores = circuit_scores(model, ids, half=args.repeat, seed=args.seed, bos=bos)
+    except ValueError as error:
+        raise UsageError(f"explain circuits: {error}") from None
     if args.json:
-        out = {name: _keyed(detectors[name]) for name in DETECTORS}
-        if copying is not None:
-            out["copying"] = _keyed(copying)
-        out["composition"] = {
-            mode: {pair: round(v, 6) for pair, v in _pairs(s, s.numel())}
-            for mode, s in scores["composition"].items()
-        }
-        if "loss" in scores:
-            out["loss"] = scores["loss"]
-        print(json.dumps(out, ensure_ascii=False))
+        print(json.dumps(_json(scores), ensure_ascii=False))
     else:
-        layers, heads = detectors["induction"].shape
-        print(f"model: {source} ({layers} layers x {heads} heads)")
-        on = "TEXT" if ids is not None else f"{args.repeat} random tokens, twice"
-        print(
-            f"previous-token and duplicate-token measured on {on}; induction on "
-            f"{args.repeat} random tokens, twice (seed {args.seed})\n"
+        printed = _table(source, args, ids, scores)
+        print(printed)
+    args.drawn = []
+    draw(args, lambda path: _draw(path, scores))
+    if args.html:
+        _report(args, source, scores, load_tokenizer(source, "MODEL"), printed)
+
+
+def _json(scores: dict) -> dict:
+    from attnkit.explain.circuits import DETECTORS
+
+    out = {name: _keyed(scores["detectors"][name]) for name in DETECTORS}
+    if scores["copying"] is not None:
+        out["copying"] = _keyed(scores["copying"])
+    out["composition"] = {
+        mode: {pair: round(v, 6) for pair, v in _pairs(s, s.numel())}
+        for mode, s in scores["composition"].items()
+    }
+    if "loss" in scores:
+        out["loss"] = scores["loss"]
+    return out
+
+
+def _table(source: str, args, ids, scores: dict) -> str:
+    """The terminal's report: the strongest heads of each score, where each detector's best
+    head looks, and the loss on the random tokens."""
+    from attnkit.explain.circuits import DETECTORS, weight_shares
+
+    detectors, copying = scores["detectors"], scores["copying"]
+    layers, heads = detectors["induction"].shape
+    on = f"TEXT ({ids.shape[1]} tokens)" if ids is not None else "the random tokens"
+    lines = [
+        f"model: {source} ({layers} layers x {heads} heads)",
+        f"previous-token and duplicate-token measured on {on}; induction on "
+        f"{args.repeat} random tokens, twice (seed {args.seed})\n",
+        "strongest heads (layer.head score):",
+    ]
+    lines += [f"  {name:<16} {_strongest(detectors[name])}" for name in DETECTORS]
+    if copying is not None:
+        lines.append(f"  {'copying (OV)':<16} {_strongest(copying)}")
+    for mode, s in scores["composition"].items():
+        pairs = "  ".join(f"{p} {v:.3f}" for p, v in _pairs(s))
+        lines.append(f"  {mode + '-composition':<16} {pairs}")
+    lines.append(
+        "\nwhere each best head's attention goes on the second copy of the random tokens "
+        "(share of its weight):"
+    )
+    columns = [*DETECTORS, "first token"]
+    lines.append(f"  {'head':<22}" + "".join(f"{c:>17}" for c in columns))
+    for name, ((layer, head), weights) in scores["patterns"].items():
+        shares = weight_shares(weights, scores["repeated"])
+        lines.append(
+            f"  {name + f' {layer}.{head}':<22}" + "".join(f"{shares[c]:>17.3f}" for c in columns)
         )
-        print("strongest heads (layer.head score):")
-        for name in DETECTORS:
-            print(f"  {name:<16} {_strongest(detectors[name])}")
-        if copying is not None:
-            print(f"  {'copying (OV)':<16} {_strongest(copying)}")
-        for mode, s in scores["composition"].items():
-            pairs = "  ".join(f"{p} {v:.3f}" for p, v in _pairs(s))
-            print(f"  {mode + '-composition':<16} {pairs}")
-        if "loss" in scores:
-            loss = scores["loss"]
-            print(
-                f"\nloss per token on the random tokens: first copy {loss['first']:.2f}, "
-                f"second copy {loss['second']:.2f} (what induction heads make predictable)"
-            )
-    if args.png or args.svg:
-        _draw(args, detectors, copying)
+    if "loss" in scores:
+        loss = scores["loss"]
+        lines.append(
+            f"\nloss per token on the random tokens: first copy {loss['first']:.2f}, "
+            f"second copy {loss['second']:.2f} (what induction heads make predictable)"
+        )
+    return "\n".join(lines)
 
 
-def _draw(args, detectors: dict, copying) -> None:
+def _report(args, source: str, scores: dict, tokenizer, printed: str | None) -> None:
+    """--html: the table, the pictures, and each detector's best head over the random tokens."""
+    from attnkit.explain import render_attention_html
+
+    if Path(args.html).suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--html: the file name must end in .html, got {args.html!r}")
+    ids = scores["repeated"].tolist()
+    tokens = [tokenizer.decode([i]) if tokenizer is not None else str(i) for i in ids]
+    sections = [
+        {
+            "name": f"{name}: head {layer}.{head}",
+            "query_tokens": [f"{i}:{t}" for i, t in enumerate(tokens)],
+            "weights": weights[None, None],
+            "description": f"the best {name} head's attention over {args.repeat} random tokens "
+            "written twice",
+        }
+        for name, ((layer, head), weights) in scores["patterns"].items()
+    ]
+    if printed is None:
+        printed = _table(source, args, None, scores)
+    try:
+        path = render_attention_html(
+            sections,
+            args.html,
+            title=f"attnkit explain circuits {source}",
+            images=args.drawn,
+            notes=[f"Model: {source}"],
+            texts=[printed],
+        )
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--html: cannot write {args.html}: {error}") from None
+    print(f"wrote {path}")
+
+
+def _draw(path: str, scores: dict) -> str:
+    """Every head's scores as heatmaps (layer x head), and under them each detector's best
+    head's attention over the random tokens written twice (query x key)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = {**detectors, **({"copying (OV)": copying} if copying is not None else {})}
-    figure, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 4), squeeze=False)
-    for axis, (name, scores) in zip(axes[0], panels.items(), strict=True):
+    copying = scores["copying"]
+    panels = {**scores["detectors"], **({"copying (OV)": copying} if copying is not None else {})}
+    figure, axes = plt.subplots(2, len(panels), figsize=(3.2 * len(panels), 7.5), squeeze=False)
+    for axis, (name, table) in zip(axes[0], panels.items(), strict=True):
         low = -1.0 if name.startswith("copying") else 0.0
         image = axis.imshow(
-            scores.float().numpy(),
+            table.float().numpy(),
             aspect="auto",
             vmin=low,
             vmax=1.0,
@@ -174,11 +243,18 @@ def _draw(args, detectors: dict, copying) -> None:
         axis.set_xlabel("head")
         axis.set_ylabel("layer")
         figure.colorbar(image, ax=axis, shrink=0.8)
+    best = scores["patterns"].items()
+    for axis, (name, ((layer, head), weights)) in zip(axes[1], best, strict=False):
+        axis.imshow(weights.numpy(), cmap="Blues", vmin=0.0)
+        axis.set_title(f"best {name}: head {layer}.{head}", fontsize=9)
+        axis.set_xlabel("key position")
+        axis.set_ylabel("query position")
+    for axis in axes[1, len(scores["patterns"]) :]:
+        axis.axis("off")
     figure.tight_layout()
-    for path in filter(None, (args.png, args.svg)):
-        figure.savefig(path)
-        print(f"wrote {path}")
+    figure.savefig(path)
     plt.close(figure)
+    return path
 
 
 def _run_dir(args: argparse.Namespace, run: Path) -> None:
@@ -221,15 +297,14 @@ def _run_dir(args: argparse.Namespace, run: Path) -> None:
                 f"{name}: the best head's score rose most at step {jump['step']}: "
                 f"{jump['before']:.3f} -> {jump['after']:.3f}"
             )
-    if args.png or args.svg:
-        _draw_run(args, records, seen)
+    draw(args, lambda path: _draw_run(path, records, seen))
 
 
 def _number(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _draw_run(args, records: list[dict], seen: dict) -> None:
+def _draw_run(path: str, records: list[dict], seen: dict) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,7 +339,6 @@ def _draw_run(args, records: list[dict], seen: dict) -> None:
             axis.axvline(jump["step"], color="grey", ls=":", lw=1)
     axes[-1].set_xlabel("step")
     figure.tight_layout()
-    for path in filter(None, (args.png, args.svg)):
-        figure.savefig(path)
-        print(f"wrote {path}")
+    figure.savefig(path)
     plt.close(figure)
+    return path

@@ -15,6 +15,9 @@ from attnkit.serialization import FAMILIES
 # --------------------------------------------------------------------------------------------
 
 
+LONG = 2048  # tokens: past this, the attention is streamed and pooled (_long_view)
+
+
 def register(commands) -> None:
     """``attnkit viz``: a model's attention over a text, drawn."""
     viz = commands.add_parser(
@@ -27,7 +30,9 @@ def register(commands) -> None:
             "SVG heatmaps, and a JSON export in bertviz's layout. "
             "Without --model, an untrained preset of --family. For an encoder-decoder model, "
             "--target gives the decoder's text: the report then has encoder self-attention, "
-            "decoder self-attention and cross-attention."
+            "decoder self-attention and cross-attention. Past 2,048 tokens (8,192 and more) "
+            "the attention is read a block of queries at a time, in bounded memory, and drawn "
+            "in cells of several tokens."
         ),
         epilog=(
             "examples:\n"
@@ -59,6 +64,30 @@ def register(commands) -> None:
     viz.set_defaults(handler=run)
 
 
+def _long_view(model, ids: list[int], tokens: list[str]):
+    """A text past LONG tokens, read a block of queries at a time and pooled into cells of f
+    tokens (explain.streaming.pooled_attention): the layers as (1, H, n, n) tensors, a label per
+    cell, and what the report says of it."""
+    from attnkit.explain.report import BYTE_LIMIT
+    from attnkit.explain.streaming import VIEW, pooled_attention, self_attentions
+
+    if model.cfg.attention == "linear":
+        raise UsageError("viz: linear attention has no weights to draw")
+    layers = self_attentions(model)
+    n = len(ids)
+    averaged = len(layers) * layers[0].n_heads * min(n, VIEW) ** 2 > BYTE_LIMIT
+    print(f"reading {n:,} tokens a block of queries at a time...", flush=True)
+    pooled, f = pooled_attention(model, torch.tensor([ids]), heads_averaged=averaged)
+    labels = [f"{i}-{min(i + f, n) - 1} {tokens[i].strip()[:12]}" for i in range(0, n, f)]
+    said = (
+        f"Text: {n:,} tokens, drawn in cells of {f} x {f} tokens: a cell is the mean, over its "
+        f"{f} queries, of their summed weight on its {f} keys (rows still sum to 1)"
+        + ("; the mean of the heads" if averaged else "")
+        + ". Rollout is left out."
+    )
+    return [p[None] for p in pooled], labels, said
+
+
 def run(args: argparse.Namespace) -> None:
     """All layers and heads of a model over a text: the HTML report, PNGs, a bertviz export."""
     from attnkit.explain import (
@@ -77,8 +106,19 @@ def run(args: argparse.Namespace) -> None:
     seq2seq = getattr(model, "family", None) == "encoder-decoder"
     if seq2seq and args.target is None:
         raise UsageError("viz: an encoder-decoder model needs --target TEXT (the decoder side)")
+    notes = [f"Text: {args.text}"] + ([f"Target: {args.target}"] if seq2seq else [])
+    long = not seq2seq and len(encoded[0][0]) > LONG
+    if long and args.bertviz:
+        raise UsageError(
+            f"--bertviz: at most {LONG:,} tokens (bertviz's own views fail near 512), got "
+            f"{len(encoded[0][0]):,}; the HTML report and the pictures take long texts"
+        )
     with torch.no_grad():
-        if seq2seq:
+        if long:
+            attentions, tokens, said = _long_view(model, *encoded[0])
+            notes = [said]
+            where = {"tokens": tokens}
+        elif seq2seq:
             (src, src_tokens), (tgt, tgt_tokens) = encoded
             _, attentions = model(torch.tensor([src]), torch.tensor([tgt]), return_attention=True)
             where = {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
@@ -115,11 +155,12 @@ def run(args: argparse.Namespace) -> None:
             )
             written.append(
                 render_attention_html(
-                    attention_sections(attentions, **where) + rollout_sections(attentions, **where),
+                    attention_sections(attentions, **where)
+                    + ([] if long else rollout_sections(attentions, **where)),
                     html,
                     title=f"attnkit: attention of {source}",
                     images=[p for p in written if str(p).endswith(".png")],
-                    notes=[f"Text: {args.text}"] + ([f"Target: {args.target}"] if seq2seq else []),
+                    notes=notes,
                 )
             )
     except (OSError, ValueError) as error:

@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.explain.streaming import BLOCK, attention_patterns, self_attentions, stream_attention
+
 __all__ = [
     "DETECTORS",
     "circuit_scores",
@@ -45,24 +47,39 @@ __all__ = [
     "in_context_score",
     "ov_copying_scores",
     "repeated_tokens",
+    "streamed_detector_scores",
     "watch_heads",
+    "weight_shares",
 ]
 
 DETECTORS = ("previous-token", "duplicate-token", "induction")
 
 
-def detection_pattern(name: str, ids: Tensor) -> Tensor:
-    """The (N, N) 0/1 pattern of the positions a ``name`` head attends to over tokens ``ids``
-    (N,), lower-triangular (TransformerLens' ``get_*_detection_pattern``)."""
+def detection_pattern(name: str, ids: Tensor, rows: range | None = None) -> Tensor:
+    """The 0/1 pattern of the positions a ``name`` head attends to over tokens ``ids`` (N,),
+    lower-triangular (TransformerLens' ``get_*_detection_pattern``): (N, N), or the query rows
+    ``rows`` of it, (len(rows), N)."""
     n = ids.shape[-1]
+    i = torch.arange(n)[:, None] if rows is None else torch.tensor(rows)[:, None]
+    j = torch.arange(n)[None, :]
     if name == "previous-token":
-        return torch.diag(torch.ones(n - 1), -1)
-    same = (ids[:, None] == ids[None, :]).float().tril(-1)  # an earlier copy of the token
+        return (j == i - 1).float()
+    same = ((ids[i] == ids[None, :]) & (j < i)).float()  # an earlier copy of the token
     if name == "duplicate-token":
         return same
     if name == "induction":  # the position just after an earlier copy
-        return torch.cat([torch.zeros(n, 1), same[:, :-1]], dim=1).tril()
+        return torch.cat([torch.zeros(len(i), 1), same[:, :-1]], dim=1)
     raise ValueError(f"detection_pattern: name must be one of {list(DETECTORS)}, got {name!r}")
+
+
+def _terms(weights: Tensor, pattern: Tensor, marked: bool) -> tuple[Tensor, Tensor]:
+    """sum(A * P) and sum(A) over the rows of ``weights`` (..., b, N) and ``pattern`` (b, N)
+    (with ``marked``, only the rows where the pattern marks a position), in float64. The
+    pattern is read where it is non-zero: a few positions a row, not N."""
+    rows, columns = pattern.nonzero(as_tuple=True)
+    inside = (weights[..., rows, columns].double() * pattern[rows, columns].double()).sum(-1)
+    kept = pattern.sum(-1) > 0 if marked else slice(None)
+    return inside, weights[..., kept, :].sum((-2, -1), dtype=torch.float64)
 
 
 def detector_scores(attentions: list[Tensor], pattern: Tensor, *, marked: bool = True) -> Tensor:
@@ -71,12 +88,42 @@ def detector_scores(attentions: list[Tensor], pattern: Tensor, *, marked: bool =
     pattern marks a position count, so that a perfect head scores 1 (the first copy of a
     repeated sequence gives an induction head nothing to find); ``marked=False`` is
     TransformerLens' score over every row."""
-    stacked = torch.stack([a.double() for a in attentions])  # (L, H, N, N)
-    pattern = pattern.double()
-    if marked:
-        rows = pattern.sum(-1) > 0
-        stacked, pattern = stacked[:, :, rows], pattern[rows]
-    return (stacked * pattern).sum((-2, -1)) / stacked.sum((-2, -1))
+    inside, total = _terms(torch.stack(attentions), pattern, marked)  # (L, H) twice
+    return inside / total
+
+
+def streamed_detector_scores(
+    model: nn.Module, ids: Tensor, names=DETECTORS, *, block: int = BLOCK
+) -> dict[str, Tensor]:
+    """:func:`detector_scores` of every read head over a text ``ids`` (1, N) of any length,
+    for each of ``names``: the attention is read a block of queries at a time
+    (:func:`~attnkit.explain.streaming.stream_attention`), its pattern built for the same rows."""
+    layers = len(self_attentions(model))
+    sums: dict[str, list] = {name: [0.0] * layers for name in names}
+    counts: dict[str, list] = {name: [0.0] * layers for name in names}
+
+    def add(layer: int, start: int, weights: Tensor) -> None:
+        rows = range(start, start + weights.shape[1])
+        for name in names:
+            inside, total = _terms(weights, detection_pattern(name, ids[0], rows), True)
+            sums[name][layer] = sums[name][layer] + inside
+            counts[name][layer] = counts[name][layer] + total
+
+    stream_attention(model, ids, add, block=block)
+    return {name: torch.stack(sums[name]) / torch.stack(counts[name]) for name in names}
+
+
+def weight_shares(weights: Tensor, ids: Tensor) -> dict[str, float]:
+    """Where one head's attention ``weights`` (N, N) over a sequence written twice, ``ids``
+    (N,), goes on the second copy's rows, on average: the share on each detector's positions,
+    and on the first token (where a head with nothing to do parks its weight)."""
+    rows = detection_pattern("induction", ids).sum(-1) > 0
+    a = weights[rows].double()
+    shares = {
+        name: float((a * detection_pattern(name, ids)[rows]).sum(-1).mean()) for name in DETECTORS
+    }
+    shares["first token"] = float(a[:, 0].mean())
+    return shares
 
 
 def repeated_tokens(vocab_size: int, half: int, *, seed: int = 0, first: int | None = None):
@@ -115,16 +162,6 @@ def head_weights(attention: nn.Module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return heads(q, h), heads(k, kv), heads(v, kv), w_o
 
 
-def _self_attentions(model: nn.Module) -> list[nn.Module]:
-    """The self-attention modules whose heads are scored: a decoder's (a translator's decoder
-    too), else an encoder's."""
-    stack = getattr(model, "decoder", None) or getattr(model, "encoder", None)
-    stack = getattr(stack, "encoder", stack)  # a classifier's encoder model holds the stack
-    if stack is None or not hasattr(stack, "layers"):
-        raise ValueError(f"circuits: {type(model).__name__} has no attention stack")
-    return [layer.self_attn for layer in stack.layers]
-
-
 def ov_copying_scores(model: nn.Module) -> Tensor | None:
     """Each head's copying score, (L, H); None for a model without an unembedding (an
     encoder)."""
@@ -135,7 +172,7 @@ def ov_copying_scores(model: nn.Module) -> Tensor | None:
     w_e = _float_weight(embeddings.tokens)  # (V, D)
     w_u = _float_weight(head).T  # (D, V)
     scores = []
-    for attention in _self_attentions(model):
+    for attention in self_attentions(model):
         _, _, w_v, w_o = head_weights(attention)
         small = w_o @ w_u @ w_e @ w_v  # (H, dh, dh): W_O W_U W_E W_V
         eigenvalues = torch.linalg.eigvals(small)
@@ -148,7 +185,7 @@ def composition_scores(model: nn.Module) -> dict[str, Tensor]:
     of layer l1 into head h2 of a later layer l2 (zero where l2 <= l1). Each matrix is kept as
     its two (d_model, d_head) factors, A B^T, so that a norm costs d_head^3, not d_model^3:
     ||A_1 B_1^T A_2 B_2^T||^2 = tr(A_1^T A_1 M G M^T) with M = B_1^T A_2 and G = B_2^T B_2."""
-    weights = [head_weights(a) for a in _self_attentions(model)]
+    weights = [head_weights(a) for a in self_attentions(model)]
     w_q, w_k, w_v = (torch.stack([w[i] for w in weights]) for i in range(3))  # (L, H, D, dh)
     w_o = torch.stack([w[3] for w in weights]).transpose(-2, -1)  # (L, H, D, dh): W_O^T
     layers = w_q.shape[0]
@@ -174,18 +211,6 @@ def composition_scores(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def _patterns(model: nn.Module, ids: Tensor) -> list[Tensor]:
-    """The attention of the heads scored over ``ids`` (1, N): one (H, N, N) tensor per layer (a
-    translator's decoder reads the same text as its source)."""
-    with torch.no_grad():
-        if hasattr(model, "encoder") and hasattr(model, "decoder"):
-            _, attentions = model(ids, ids, return_attention=True)
-            attentions = attentions["decoder"]
-        else:
-            _, attentions = model(ids, return_attention=True)
-    return [a[0].float() for a in attentions]
-
-
 def circuit_scores(
     model: nn.Module,
     ids: Tensor | None = None,
@@ -195,23 +220,24 @@ def circuit_scores(
     bos: int | None = None,
 ) -> dict:
     """Every head's scores: the three detector scores (previous- and duplicate-token over
-    ``ids`` (1, N) when given, else over the repeated random sequence; induction over the
-    repeated sequence of ``half`` tokens), the loss per token on its second copy, the copying
-    scores and the composition scores. Tensors are (L, H), (L, H, L, H) for composition."""
+    ``ids`` (1, N) when given, a text of any length read a block of queries at a time, else over
+    the repeated random sequence; induction over the repeated sequence of ``half`` tokens), the
+    loss per token on its second copy, the copying scores, the composition scores, and the
+    strongest head of each detector with its attention over the repeated sequence ("patterns":
+    name -> ((layer, head), (N, N)), the sequence in "repeated"). Tensors are (L, H), (L, H, L,
+    H) for composition."""
     repeated = repeated_tokens(model.cfg.vocab_size, half, seed=seed, first=bos)
-    on_repeat = _patterns(model, repeated)
-    text = on_repeat if ids is None else _patterns(model, ids)
-    text_ids = (repeated if ids is None else ids)[0]
-    if text_ids.shape[0] < 2:
-        raise ValueError(f"circuits: the text has {text_ids.shape[0]} token; at least 2 needed")
+    if ids is not None and ids.shape[1] < 2:
+        raise ValueError(f"circuits: the text has {ids.shape[1]} token; at least 2 needed")
+    on_repeat = attention_patterns(model, repeated)
     scores = {
-        name: detector_scores(
-            on_repeat if name == "induction" else text,
-            detection_pattern(name, repeated[0] if name == "induction" else text_ids),
-        )
-        for name in DETECTORS
+        name: detector_scores(on_repeat, detection_pattern(name, repeated[0])) for name in DETECTORS
     }
-    out = {"detectors": scores, "copying": ov_copying_scores(model)}
+    if ids is not None:
+        scores.update(streamed_detector_scores(model, ids, ("previous-token", "duplicate-token")))
+    strongest = {name: divmod(int(t.argmax()), t.shape[1]) for name, t in scores.items()}
+    out = {"detectors": scores, "copying": ov_copying_scores(model), "repeated": repeated[0]}
+    out["patterns"] = {name: (at, on_repeat[at[0]][at[1]]) for name, at in strongest.items()}
     out["composition"] = composition_scores(model)
     if isinstance(getattr(model, "lm_head", None), nn.Module) and not hasattr(model, "encoder"):
         with torch.no_grad():
@@ -244,7 +270,7 @@ def watch_heads(model: nn.Module, names: list[str], length: int, *, seed: int = 
     ``length`` tokens in all)."""
     half = min(50, length // 2)
     repeated = repeated_tokens(model.cfg.vocab_size, half, seed=seed)
-    patterns = _patterns(model, repeated)
+    patterns = attention_patterns(model, repeated)
     out = {}
     for name in names:
         scores = detector_scores(patterns, detection_pattern(name, repeated[0]))
