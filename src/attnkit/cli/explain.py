@@ -9,7 +9,7 @@ import torch
 
 from attnkit.cli import explain_methods
 from attnkit.cli.common import UsageError, tokenize_for
-from attnkit.cli.explain_subject import draw
+from attnkit.cli.explain_subject import add_picture_options, draw, query_position
 from attnkit.models import DecoderLM, EncoderModel
 
 # --------------------------------------------------------------------------------------------
@@ -79,17 +79,7 @@ def _explain_text(args: argparse.Namespace) -> None:
     model, [(ids, tokens)] = tokenize_for(args.model, [args.text], args.preset, args.seed, family)
     if not ids:
         raise UsageError("explain: the text gives no tokens")
-    query = None
-    if args.query is not None:
-        name, _, nth = args.query.rpartition("#")
-        if args.query in tokens:
-            query = tokens.index(args.query)
-        elif name in tokens and nth.isdigit() and 1 <= int(nth) <= tokens.count(name):
-            query = [i for i, t in enumerate(tokens) if t == name][int(nth) - 1]  # 毒#2
-        elif args.query.lstrip("-").isdigit() and -len(tokens) <= int(args.query) < len(tokens):
-            query = int(args.query) % len(tokens)
-        else:
-            raise UsageError(f"--query: {args.query!r} is not one of the tokens {tokens}")
+    query = query_position(tokens, args.query)
     try:
         trace = trace_attention(
             model, torch.tensor([ids]), layer=args.layer, head=args.head, tokens=tokens
@@ -99,11 +89,6 @@ def _explain_text(args: argparse.Namespace) -> None:
     source = args.model or f"preset {args.preset!r}, untrained, seed {args.seed}"
     print(f"model: {source}\n")
     print(format_trace(trace, dims=args.dims, query=query))
-
-
-def _draw_options(parser) -> None:
-    parser.add_argument("--png", metavar="FILE", help="also draw the plot here (PNG)")
-    parser.add_argument("--svg", metavar="FILE", help="also draw the plot here (SVG, vector)")
 
 
 def _register_topics(explain) -> None:
@@ -116,7 +101,7 @@ def _register_topics(explain) -> None:
         epilog="example:\n  attnkit explain scaling --png runs/scaling.png",
     )
     scaling.add_argument("--seed", type=int, default=0, help="the random seed (default 0)")
-    _draw_options(scaling)
+    add_picture_options(scaling)
     scaling.set_defaults(handler=_explain_scaling)
     complexity = explain.route(
         "complexity",
@@ -134,7 +119,7 @@ def _register_topics(explain) -> None:
         default=1,
         help="torch threads while timing (default 1: steadier when busy)",
     )
-    _draw_options(complexity)
+    add_picture_options(complexity)
     complexity.set_defaults(handler=_explain_complexity)
 
 

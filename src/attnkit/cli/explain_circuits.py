@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from attnkit.cli.common import UsageError, load_model, load_tokenizer
-from attnkit.cli.explain_subject import draw
+from attnkit.cli.explain_subject import add_picture_options, draw
 
 TOP = 5  # heads (or pairs) named per score
 
@@ -81,14 +81,7 @@ def register(explain) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="the random tokens' seed (0)")
     parser.add_argument("--json", action="store_true", help="every head's scores as JSON")
-    parser.add_argument("--png", metavar="FILE", help="also draw the scores as PNG")
-    parser.add_argument("--svg", metavar="FILE", help="also draw the scores as SVG (vector)")
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write the offline report: the table, the pictures and the strongest heads' "
-        "attention patterns",
-    )
+    add_picture_options(parser, "the table, the pictures and the best heads' attention")
     parser.set_defaults(handler=run)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from attnkit.cli import explain_interventions, explain_reading
 from attnkit.cli.common import UsageError
-from attnkit.cli.explain_subject import Subject, target
+from attnkit.cli.explain_subject import Subject, add_picture_options, target
 
 METHODS = ("rollout", "flow", "lens", "heads", "patch", "attribute")
 
@@ -56,67 +56,25 @@ OWN = {
     "patch": ("corrupted", "answer", "versus", "label", "target", "stack"),
     "attribute": ("answer", "versus", "label", "method", "steps", "target", "stack"),
 }
-OPTIONS = {
-    "query": (
-        ("--query",),
-        {
-            "metavar": "TOKEN",
-            "help": "the position to read (a token, TOKEN#k for its k-th occurrence, or an "
-            "index; lens: default the last)",
-        },
-    ),
-    "target": (("--target",), {"metavar": "TEXT", "help": "an encoder-decoder's output text"}),
-    "stack": (
-        ("--stack",),
-        {
-            "choices": ["encoder", "decoder"],
-            "help": "encoder-decoder: which stack (default: the decoder; for rollout and flow, "
-            "the encoder)",
-        },
-    ),
-    "corrupted": (
-        ("--corrupted",),
-        {
-            "metavar": "TEXT",
-            "help": "the corrupted text (as many tokens as TEXT; e.g. 'too wide' for 'too tired')",
-        },
-    ),
-    "answer": (
-        ("--answer",),
-        {
-            "metavar": "TOKEN",
-            "help": "decoder: the next token whose log-probability is measured (default: the "
-            "top prediction after TEXT)",
-        },
-    ),
-    "versus": (
-        ("--versus",),
-        {
-            "metavar": "TOKEN",
-            "help": "decoder: measure log p(answer) - log p(TOKEN) instead (a logit difference)",
-        },
-    ),
-    "label": (
-        ("--label",),
-        {"type": int, "help": "classifier: the class measured (default: the predicted one)"},
-    ),
-    "mode": (
-        ("--mode",),
-        {"choices": ["zero", "mean"], "default": "zero", "help": "the ablation (zero)"},
-    ),
-    "method": (
-        ("--method",),
-        {
-            "choices": ["integrated_gradients", "input_x_gradient"],
-            "default": "integrated_gradients",
-            "help": "the gradient method (default integrated_gradients)",
-        },
-    ),
-    "steps": (
-        ("--steps",),
-        {"type": int, "default": 50, "help": "integrated gradients' steps (50)"},
-    ),
-}
+_DECODER = "decoder: the next token whose log-probability is measured"
+OPTIONS = {  # name: the option's argparse keywords
+    "query": dict(metavar="TOKEN", help="the position to read (a token, TOKEN#k for its k-th "
+                  "occurrence, or an index; lens: default the last)"),
+    "target": dict(metavar="TEXT", help="an encoder-decoder's output text"),
+    "stack": dict(choices=["encoder", "decoder"], help="encoder-decoder: which stack (default: "
+                  "the decoder; for rollout and flow, the encoder)"),
+    "corrupted": dict(metavar="TEXT", help="the corrupted text (as many tokens as TEXT; e.g. "
+                      "'too wide' for 'too tired')"),
+    "answer": dict(metavar="TOKEN", help=_DECODER + " (default: the top prediction after TEXT)"),
+    "versus": dict(metavar="TOKEN", help="decoder: measure log p(answer) - log p(TOKEN) "
+                   "instead (a logit difference)"),
+    "label": dict(type=int, help="classifier: the class measured (default: the predicted one)"),
+    "mode": dict(choices=["zero", "mean"], default="zero", help="the ablation (zero)"),
+    "method": dict(choices=["integrated_gradients", "input_x_gradient"],
+                   default="integrated_gradients", help="the gradient method (default "
+                   "integrated_gradients)"),
+    "steps": dict(type=int, default=50, help="integrated gradients' steps (50)"),
+}  # fmt: skip
 
 
 def register(explain) -> None:
@@ -145,16 +103,11 @@ def register(explain) -> None:
             + ")",
         )
         for name in OWN[method]:
-            flags, options = OPTIONS[name]
-            parser.add_argument(*flags, **options)
-        parser.add_argument("--png", metavar="FILE", help="also draw the result as PNG")
-        parser.add_argument("--svg", metavar="FILE", help="also draw the result as SVG (vector)")
-        parser.add_argument(
-            "--html",
-            metavar="FILE",
-            help="also write the offline report: the printed tables, the pictures (a PNG "
-            "beside the report unless --png), every layer and head of the text's attention and "
-            "its rollout",
+            parser.add_argument(f"--{name}", **OPTIONS[name])
+        add_picture_options(
+            parser,
+            "the printed tables, the pictures (a PNG beside the report unless --png), every "
+            "layer and head of the text's attention and its rollout",
         )
         parser.set_defaults(
             handler=run_method, topic=method, **{n: None for n in OPTIONS if n not in OWN[method]}

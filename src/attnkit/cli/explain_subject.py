@@ -121,6 +121,14 @@ def progress(label: str):
     return update
 
 
+def add_picture_options(parser: argparse.ArgumentParser, html: str | None = None) -> None:
+    """--png and --svg, as draw() reads them, and --html (the report holding ``html``)."""
+    parser.add_argument("--png", metavar="FILE", help="also draw the result as PNG")
+    parser.add_argument("--svg", metavar="FILE", help="also draw the result as SVG (vector)")
+    if html:
+        parser.add_argument("--html", metavar="FILE", help=f"also write the offline report: {html}")
+
+
 def draw(args, plot) -> None:
     """Draw with ``plot(path)`` to --png and --svg, as asked (the format follows the option)."""
     for option in ("png", "svg"):
