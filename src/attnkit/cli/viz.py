@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> None:
             (ids, tokens) = encoded[0]
             _, attentions = model(torch.tensor([ids]), return_attention=True)
             where = {"tokens": tokens}
+    averaged = long and attentions[0].shape[1] == 1 < model.cfg.n_heads
     pictures = args.png or args.svg or args.bertviz
     html = args.html or (None if pictures else "runs/viz/report.html")
     written = []
@@ -142,7 +143,8 @@ def run(args: argparse.Namespace) -> None:
                 keys = where["src_tokens"] if name == "cross" else None
                 for i, w in enumerate(layers):
                     path = out / f"{name}_layer{i}.{suffix}"
-                    plot_attention_heads(w[0], queries, keys, path, title=f"{name}, layer {i}")
+                    title = f"{name}, layer {i}" + (", the heads' mean" if averaged else "")
+                    plot_attention_heads(w[0], queries, keys, path, title=title)
                     written.append(path)
         if args.bertviz:
             written.append(export_bertviz_json(attentions, args.bertviz, **where))
