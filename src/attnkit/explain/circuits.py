@@ -170,11 +170,11 @@ def ov_copying_scores(model: nn.Module) -> Tensor | None:
         return None
     embeddings = getattr(model, "embeddings", None) or model.tgt_embeddings  # a translator's
     w_e = _float_weight(embeddings.tokens)  # (V, D)
-    w_u = _float_weight(head).T  # (D, V)
+    unembed_embed = _float_weight(head).T @ w_e  # W_U W_E (D, D), once: V is the long side
     scores = []
     for attention in self_attentions(model):
         _, _, w_v, w_o = head_weights(attention)
-        small = w_o @ w_u @ w_e @ w_v  # (H, dh, dh): W_O W_U W_E W_V
+        small = w_o @ unembed_embed @ w_v  # (H, dh, dh): W_O W_U W_E W_V
         eigenvalues = torch.linalg.eigvals(small)
         scores.append(eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1))
     return torch.stack(scores)
