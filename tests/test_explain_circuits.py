@@ -213,6 +213,7 @@ def test_the_command_prints_every_heads_scores_and_refuses_in_one_line(tmp_path,
         (["explain", "circuits", str(tmp_path / "linear")], "linear attention"),
         (["explain", "circuits", str(tmp_path / "lm"), "--repeat", "1"], "--repeat"),
         (["explain", "circuits", str(tmp_path / "nothing")], "MODEL"),
+        (["explain", "circuits", str(tmp_path / "lm"), "--html", "r.txt"], "must end in .html"),
     ):
         assert main(args) == 2, args
         error = capsys.readouterr().err.strip()

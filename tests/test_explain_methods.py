@@ -579,6 +579,7 @@ def test_explain_lens_heads_patch_and_attribute_on_every_family(capsys, tmp_path
         (["explain", "attribute", SNAKE, "--steps", "0"], "--steps: must be a positive"),
         (["explain", "attribute", "a b", "--family", "encoder-decoder"], "needs --target"),
         (["explain", "rollout", SNAKE, "--png", "x.jpg"], "must end in .png"),
+        (["explain", "rollout", SNAKE, "--png", "a.png", "--html", "r.txt"], "end in .html"),
         (["explain", "scaling", SNAKE], "unrecognized arguments"),
     ],
 )

@@ -9,7 +9,7 @@ import torch
 
 from attnkit.cli import explain_methods
 from attnkit.cli.common import UsageError, tokenize_for
-from attnkit.cli.explain_subject import add_picture_options, draw, query_position
+from attnkit.cli.explain_subject import add_picture_options, check_outputs, draw, query_position
 from attnkit.models import DecoderLM, EncoderModel
 
 # --------------------------------------------------------------------------------------------
@@ -41,6 +41,7 @@ def _parse_tokens(text: str | None, count: int, option: str) -> list[str]:
 def _explain_scaling(args: argparse.Namespace) -> None:
     from attnkit.explain import format_scaling_table, plot_scaling, scaling_experiment
 
+    check_outputs(args)
     rows = scaling_experiment(seed=args.seed)
     print(format_scaling_table(rows))
     draw(args, lambda path: plot_scaling(rows, path))
@@ -54,6 +55,7 @@ def _explain_complexity(args: argparse.Namespace) -> None:
         plot_complexity,
     )
 
+    check_outputs(args)
     if not args.budget > 0:
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
     print(f"measuring math, fused, window and linear attention ({args.budget:g} s each)...")

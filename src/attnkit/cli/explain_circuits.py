@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from attnkit.cli.common import UsageError, load_model, load_tokenizer
-from attnkit.cli.explain_subject import add_picture_options, draw
+from attnkit.cli.explain_subject import add_picture_options, check_outputs, draw
 
 TOP = 5  # heads (or pairs) named per score
 
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> None:
     from attnkit.explain.circuits import circuit_scores
 
     source = args.model
+    check_outputs(args)
     if args.repeat < 2:
         raise UsageError(f"--repeat: at least 2 tokens, got {args.repeat}")
     if (Path(source) / "metrics.jsonl").is_file():
@@ -182,8 +183,6 @@ def _report(args, source: str, scores: dict, tokenizer, printed: str | None) -> 
     """--html: the table, the pictures, and each detector's best head over the random tokens."""
     from attnkit.explain import render_attention_html
 
-    if Path(args.html).suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"--html: the file name must end in .html, got {args.html!r}")
     ids = scores["repeated"].tolist()
     tokens = [tokenizer.decode([i]) if tokenizer is not None else str(i) for i in ids]
     sections = [

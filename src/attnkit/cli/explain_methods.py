@@ -12,7 +12,7 @@ import torch
 
 from attnkit.cli import explain_interventions, explain_reading
 from attnkit.cli.common import UsageError
-from attnkit.cli.explain_subject import Subject, add_picture_options, target
+from attnkit.cli.explain_subject import Subject, add_picture_options, check_outputs, target
 
 METHODS = ("rollout", "flow", "lens", "heads", "patch", "attribute")
 
@@ -147,9 +147,8 @@ def _report(args, printed: str) -> None:
 
 def run_method(args: argparse.Namespace) -> None:
     args.drawn = []
+    check_outputs(args)
     if args.html and not args.png:
-        if Path(args.html).suffix.lower() not in (".html", ".htm"):
-            raise UsageError(f"--html: the file name must end in .html, got {args.html!r}")
         args.png = str(Path(args.html).with_suffix(".png"))
     handler = {
         "rollout": explain_reading.rollout,

@@ -129,13 +129,20 @@ def add_picture_options(parser: argparse.ArgumentParser, html: str | None = None
         parser.add_argument("--html", metavar="FILE", help=f"also write the offline report: {html}")
 
 
+def check_outputs(args) -> None:
+    """--png, --svg and --html name files of their kind: checked before any work is done."""
+    for option, suffixes in (("png", (".png",)), ("svg", (".svg",)), ("html", (".html", ".htm"))):
+        path = getattr(args, option, None)
+        if path and Path(path).suffix.lower() not in suffixes:
+            raise UsageError(f"--{option}: the file name must end in {suffixes[0]}, got {path!r}")
+
+
 def draw(args, plot) -> None:
     """Draw with ``plot(path)`` to --png and --svg, as asked (the format follows the option)."""
+    check_outputs(args)
     for option in ("png", "svg"):
         path = getattr(args, option, None)
         if path:
-            if Path(path).suffix.lower() != f".{option}":
-                raise UsageError(f"--{option}: the file name must end in .{option}, got {path!r}")
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 written = plot(path)
